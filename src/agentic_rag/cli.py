@@ -1,0 +1,53 @@
+"""``agentic-rag``: the command line. Each package registers its own subcommands (see COMMAND_MODULES).
+
+Heavy imports (torch, the JVM) happen inside the command that needs them, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# Each module has ``register(subparsers)`` adding its subcommands, each with ``func(args) -> int``.
+COMMAND_MODULES = [
+    "agentic_rag.search.commands",
+    "agentic_rag.data.commands",
+]
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one clear message, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentic-rag", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
+                        help="logging level (DEBUG, INFO, WARNING); env AGENTIC_RAG_LOG_LEVEL")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .search.corpus import CorpusFormatError
+    from .search.types import SearchError
+
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, SearchError, CorpusFormatError, FileNotFoundError, ValueError) as exc:
+        print(f"agentic-rag {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Subcommands for data: ``agentic-rag world`` (the embedded default task)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def cmd_world(args: argparse.Namespace) -> int:
+    from .world import write_world
+
+    paths = write_world(args.out, seed=args.seed, n_people=args.people, n_guilds=args.guilds, n_towns=args.towns)
+    print(json.dumps(paths))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("world", help="generate the embedded default task: a fictional world, its passages and "
+                                     "one-/two-hop questions")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--people", type=int, default=240)
+    p.add_argument("--guilds", type=int, default=24)
+    p.add_argument("--towns", type=int, default=30)
+    p.set_defaults(func=cmd_world)

@@ -1,0 +1,202 @@
+"""The protocol: which tags the model writes, which the environment writes, and what each action means.
+
+A :class:`Dialect` is data, not code: tag names, the tags the environment alone may write, how
+observations are laid out, and how several queries share one search action. The engine asks the dialect
+for its stop strings, for the action that ended a turn (:meth:`Dialect.parse_turn`), and for the text of an
+observation (:meth:`Dialect.format_observation`). Three dialects ship:
+
+* ``agentic`` (default): ``<think>``, ``<search>``, ``<observation>`` (environment only), ``<answer>``, and
+  the memory actions of the Agentic RAG-R1 / TC-RAG design: ``<plan>``, ``<reasoning>``, ``<backtrack>``,
+  ``<summary>``, ``<conclusion>``. Several queries in one ``<search>`` (RAG-R1's multi-query), one per line
+  or separated by ``|``, run in one batch call.
+* ``search-r1``: ``<think>``, ``<search>``, ``<information>`` (environment), ``<answer>`` - the format of
+  Search-R1's released models.
+* ``r1-searcher``: ``<|begin_of_query|>...<|end_of_query|>`` and
+  ``<|begin_of_documents|>...<|end_of_documents|>`` (environment), ``<answer>`` - R1-Searcher's format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..search.types import Hit
+
+
+class ActionKind(StrEnum):
+    SEARCH = "search"  # call a tool with the queries
+    ANSWER = "answer"  # final answer: the trajectory ends
+    BACKTRACK = "backtrack"  # abandon the last step: it leaves the visible context
+    SUMMARY = "summary"  # summarise: earlier observations may leave the visible context
+    NONE = "none"  # the turn ended without an action (EOS or budget)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    content: str = ""  # the text inside the action's tags
+    queries: tuple[str, ...] = ()
+    tool: str = ""  # for SEARCH: the tool the tag maps to
+
+
+@dataclass(frozen=True)
+class ToolTag:
+    """A model-written tag pair that calls a tool, e.g. ``<search>...</search>`` -> tool ``search``."""
+
+    open: str
+    close: str
+    tool: str
+
+
+@dataclass
+class Dialect:
+    name: str
+    tool_tags: list[ToolTag]
+    answer_open: str = "<answer>"
+    answer_close: str = "</answer>"
+    observation_open: str = "<observation>"
+    observation_close: str = "</observation>"
+    think_open: str = "<think>"
+    think_close: str = "</think>"
+    # memory actions: None disables them
+    backtrack: tuple[str, str] | None = None
+    summary: tuple[str, str] | None = None
+    # tags with no environment effect that the format reward still checks for balance
+    content_tags: list[tuple[str, str]] = field(default_factory=list)
+    query_separators: tuple[str, ...] = ("\n", "|")
+    max_queries_per_search: int = 4
+    # observation layout: "{i}" (1-based), "{title}", "{text}"
+    passage_template: str = "({i}) {title}\n{text}"
+    passage_joiner: str = "\n"
+
+    # ------------------------------------------------------------------------------------- derived
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """Where generation pauses: the close of every action tag."""
+        stops = [t.close for t in self.tool_tags] + [self.answer_close]
+        for pair in (self.backtrack, self.summary):
+            if pair:
+                stops.append(pair[1])
+        return list(dict.fromkeys(stops))
+
+    @property
+    def environment_tags(self) -> list[str]:
+        """Tags only the environment may write; the model writing one is a forgery."""
+        return [self.observation_open, self.observation_close]
+
+    # ------------------------------------------------------------------------------------- parsing
+
+    def parse_turn(self, text: str) -> Action:
+        """The action that ends a turn's text: the earliest complete action whose close tag appears.
+
+        Generation stops at the first close tag, so the earliest close is the action; anything a model
+        writes after it in the same token is ignored.
+        """
+        best: tuple[int, Action] | None = None
+        candidates: list[tuple[str, str, ActionKind, str]] = [
+            (t.open, t.close, ActionKind.SEARCH, t.tool) for t in self.tool_tags]
+        candidates.append((self.answer_open, self.answer_close, ActionKind.ANSWER, ""))
+        if self.backtrack:
+            candidates.append((*self.backtrack, ActionKind.BACKTRACK, ""))
+        if self.summary:
+            candidates.append((*self.summary, ActionKind.SUMMARY, ""))
+        for open_tag, close_tag, kind, tool in candidates:
+            end = text.find(close_tag)
+            if end < 0:
+                continue
+            start = text.rfind(open_tag, 0, end)
+            content = text[start + len(open_tag):end] if start >= 0 else text[:end]
+            action = Action(kind, content.strip(), tool=tool)
+            if kind is ActionKind.SEARCH:
+                action = Action(kind, action.content, self.split_queries(action.content), tool)
+            if best is None or end < best[0]:
+                best = (end, action)
+        return best[1] if best else Action(ActionKind.NONE)
+
+    def split_queries(self, content: str) -> tuple[str, ...]:
+        parts = [content]
+        for sep in self.query_separators:
+            parts = [p for chunk in parts for p in chunk.split(sep)]
+        queries = [p.strip() for p in parts if p.strip()]
+        return tuple(dict.fromkeys(queries))[: self.max_queries_per_search]
+
+    def forged_tags(self, text: str) -> list[str]:
+        """Environment tags present in model-written text."""
+        return [tag for tag in self.environment_tags if tag in text]
+
+    def extract_answer(self, text: str) -> str | None:
+        """The content of the last complete answer tag pair, or None."""
+        end = text.rfind(self.answer_close)
+        if end < 0:
+            return None
+        start = text.rfind(self.answer_open, 0, end)
+        if start < 0:
+            return None
+        return text[start + len(self.answer_open):end].strip()
+
+    # ---------------------------------------------------------------------------------- observations
+
+    def format_passages(self, hits: Sequence[Hit]) -> str:
+        return self.passage_joiner.join(
+            self.passage_template.format(i=i, title=h.title, text=h.text) for i, h in enumerate(hits, start=1))
+
+    def wrap_observation(self, body: str) -> str:
+        return f"\n\n{self.observation_open}\n{body}\n{self.observation_close}\n\n"
+
+
+def agentic_dialect() -> Dialect:
+    return Dialect(
+        name="agentic",
+        tool_tags=[ToolTag("<search>", "</search>", "search")],
+        backtrack=("<backtrack>", "</backtrack>"),
+        summary=("<summary>", "</summary>"),
+        content_tags=[("<think>", "</think>"), ("<plan>", "</plan>"), ("<reasoning>", "</reasoning>"),
+                      ("<conclusion>", "</conclusion>")],
+    )
+
+
+def search_r1_dialect() -> Dialect:
+    return Dialect(
+        name="search-r1",
+        tool_tags=[ToolTag("<search>", "</search>", "search")],
+        observation_open="<information>",
+        observation_close="</information>",
+        content_tags=[("<think>", "</think>")],
+        query_separators=(),
+        max_queries_per_search=1,
+        passage_template='Doc {i}(Title: "{title}") {text}',
+    )
+
+
+def r1_searcher_dialect() -> Dialect:
+    return Dialect(
+        name="r1-searcher",
+        tool_tags=[ToolTag("<|begin_of_query|>", "<|end_of_query|>", "search")],
+        observation_open="<|begin_of_documents|>",
+        observation_close="<|end_of_documents|>",
+        content_tags=[("<think>", "</think>")],
+        query_separators=(),
+        max_queries_per_search=1,
+        passage_template="({i})Title: {title} Text: {text}",
+    )
+
+
+DIALECTS = {"agentic": agentic_dialect, "search-r1": search_r1_dialect, "r1-searcher": r1_searcher_dialect}
+
+
+def get_dialect(name: str) -> Dialect:
+    try:
+        return DIALECTS[name]()
+    except KeyError:
+        raise ValueError(f"unknown dialect {name!r}; choose one of {', '.join(DIALECTS)}") from None
+
+
+_TAG = re.compile(r"</?[a-z_]+>|<\|[a-z_]+\|>")
+
+
+def tags_in(text: str) -> list[str]:
+    """Every tag-looking token of ``text`` in order (``<x>``, ``</x>``, ``<|x|>``)."""
+    return _TAG.findall(text)

@@ -1,0 +1,89 @@
+"""BM25 over a Lucene index through Pyserini, with every JVM call on the process's JVM thread."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .docstore import passage_from_record
+from .jvm import run_in_jvm
+from .types import Hit, IndexMismatchError, clean_query
+
+
+def _hit_from_lucene(docid: str, score: float, document) -> Hit:
+    """A Hit from a Lucene document: the stored raw JSON if there is one, else the stored contents."""
+    raw = document.get("raw") if document is not None else None
+    if raw:
+        try:
+            p = passage_from_record(json.loads(raw))
+            return Hit(docid, p.title, p.text, float(score))
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    contents = document.get("contents") if document is not None else None
+    if contents:
+        p = passage_from_record({"id": docid, "contents": contents})
+        return Hit(docid, p.title, p.text, float(score))
+    return Hit(docid, "", "", float(score))
+
+
+class BM25Searcher:
+    """Lucene BM25 (Pyserini ``LuceneSearcher``).
+
+    ``threads`` is the number of Lucene threads used by :meth:`batch_search`; Python-side calls are
+    serialised onto the JVM thread because pyjnius is not thread-safe.
+    """
+
+    def __init__(self, lucene_dir: str | os.PathLike, *, k1: float = 0.9, b: float = 0.4, language: str = "en",
+                 threads: int | None = None):
+        self.lucene_dir = Path(lucene_dir)
+        self.threads = threads or min(8, os.cpu_count() or 1)
+        self.k1, self.b, self.language = k1, b, language
+        self._searcher = run_in_jvm(self._open)
+
+    def _open(self):
+        from pyserini.search.lucene import LuceneSearcher
+
+        try:
+            searcher = LuceneSearcher(str(self.lucene_dir))
+        except Exception as exc:  # a Java exception: wrong path, corrupt index, newer Lucene version...
+            raise IndexMismatchError(f"cannot open the Lucene index at {self.lucene_dir}: {exc}") from exc
+        searcher.set_bm25(self.k1, self.b)
+        if self.language != "en":
+            searcher.set_language(self.language)
+        return searcher
+
+    @property
+    def num_docs(self) -> int:
+        return run_in_jvm(lambda: int(self._searcher.num_docs))
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        return self.batch_search([query], k)[0]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        cleaned = [clean_query(q) for q in queries]
+        return run_in_jvm(self._batch_search, cleaned, k)
+
+    def _batch_search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        results: list[list[Hit]] = [[] for _ in queries]
+        todo = [i for i, q in enumerate(queries) if q]
+        if len(todo) == 1:
+            i = todo[0]
+            hits = self._searcher.search(queries[i], k)
+            results[i] = [_hit_from_lucene(h.docid, h.score, h.lucene_document) for h in hits]
+        elif todo:
+            qids = [str(i) for i in todo]
+            out = self._searcher.batch_search([queries[i] for i in todo], qids, k, self.threads)
+            for i in todo:
+                results[i] = [_hit_from_lucene(h.docid, h.score, h.lucene_document) for h in out.get(str(i), [])]
+        return results
+
+    def doc(self, docid: str) -> Hit | None:
+        """The stored passage with this docid (score 0), or None."""
+
+        def fetch():
+            d = self._searcher.doc(docid)
+            return None if d is None else _hit_from_lucene(docid, 0.0, d.lucene_document())
+
+        return run_in_jvm(fetch)

@@ -1,0 +1,295 @@
+"""Build an index directory from a corpus, or link indexes built elsewhere.
+
+``build_index`` normalises the corpus into sharded passage JSONL files (the docstore, and Lucene's input:
+Anserini indexes one file per thread), then builds a Lucene BM25 index with Anserini's ``IndexCollection``
+in a separate Java process (so this process holds no JVM while indexing) and/or a FAISS index with a local
+encoder. Everything is written into ``OUT.partial`` and renamed into place at the end, so an interrupted
+build never leaves a half-built index under the real name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .corpus import CorpusStats, Passage, iter_passages
+from .docstore import DocStore, write_offsets
+from .manifest import (
+    MANIFEST,
+    BM25Part,
+    DensePart,
+    IndexManifest,
+    backend_versions,
+    corpus_record,
+    encoder_fingerprint,
+    file_sha256,
+)
+from .types import IndexMismatchError, IndexMissingError
+
+log = logging.getLogger(__name__)
+
+SHARD_PASSAGES = 200_000
+LANGUAGES = ("en", "zh")
+
+
+def _write_shards(corpus: str | os.PathLike, out_dir: Path, fmt: str, skip_bad: bool, chunk_size: int,
+                  progress: bool) -> CorpusStats:
+    """Normalise the corpus into ``out_dir/passages-NNNNN.jsonl`` files of SHARD_PASSAGES passages."""
+    out_dir.mkdir(parents=True)
+    stats = CorpusStats(fmt)
+    shard, count, f = 0, 0, None
+    try:
+        for passage in iter_passages(corpus, fmt, skip_bad=skip_bad, chunk_size=chunk_size, stats=stats,
+                                     progress=progress):
+            if f is None or count == SHARD_PASSAGES:
+                if f is not None:
+                    f.close()
+                    shard += 1
+                f = open(out_dir / f"passages-{shard:05d}.jsonl", "w", encoding="utf-8")
+                count = 0
+            f.write(passage.to_json() + "\n")
+            count += 1
+    finally:
+        if f is not None:
+            f.close()
+    if stats.passages == 0:
+        raise ValueError(f"{corpus}: no passages were read")
+    return stats
+
+
+class ShardedDocStore:
+    """A DocStore over the shard files of an index, rows numbered across shards in order."""
+
+    def __init__(self, jsonl_dir: Path, offsets_dir: Path):
+        self.shards = [DocStore(p, offsets_dir / (p.stem + ".offsets.npy"))
+                       for p in sorted(jsonl_dir.glob("passages-*.jsonl"))]
+        self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, row: int) -> Passage:
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} out of range for {len(self)} passages")
+        s = int(np.searchsorted(self._starts, row, side="right")) - 1
+        return self.shards[s][row - int(self._starts[s])]
+
+    def get_many(self, rows: list[int]) -> list[Passage]:
+        return [self[r] for r in rows]
+
+    def __iter__(self):
+        for s in self.shards:
+            for i in range(len(s)):
+                yield s[i]
+
+
+def open_docstore(index_dir: Path, manifest: IndexManifest) -> ShardedDocStore:
+    if manifest.docstore is None:
+        raise IndexMissingError(f"the index at {index_dir} has no passage store")
+    store = ShardedDocStore(manifest.resolve(index_dir, manifest.docstore["jsonl"]),
+                            manifest.resolve(index_dir, manifest.docstore["offsets"]))
+    if len(store) != manifest.corpus["passages"]:
+        raise IndexMismatchError(f"the passage store at {index_dir} holds {len(store)} passages but the "
+                                 f"manifest says {manifest.corpus['passages']}; the index is damaged: rebuild it")
+    return store
+
+
+def build_lucene(jsonl_dir: Path, out: Path, *, language: str = "en", threads: int = 2,
+                 progress: bool = True, expected_docs: int | None = None) -> int:
+    """Run Anserini's IndexCollection in its own Java process; returns the number of documents indexed."""
+    from .jvm import anserini_jar, java_executable
+
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+    heap = os.environ.get("AGENTIC_RAG_JVM_HEAP", "4g")
+    cmd = [str(java_executable()), f"-Xmx{heap}", "-cp", str(anserini_jar()), "io.anserini.index.IndexCollection",
+           "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
+           "-input", str(jsonl_dir), "-index", str(out), "-threads", str(threads),
+           "-storePositions", "-storeDocvectors", "-storeRaw"]
+    if language != "en":
+        cmd += ["-language", language]  # zh: Lucene's CJK analyzer (bigrams)
+    tail: deque[str] = deque(maxlen=40)
+    indexed = None
+    with tqdm(total=expected_docs, unit="doc", desc="BM25 (Lucene)", disable=not progress) as bar:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            m = re.search(r"([\d,]+) documents indexed", line)
+            if m:
+                n = int(m.group(1).replace(",", ""))
+                bar.update(max(0, n - bar.n))
+                if "Indexing Complete" in line:
+                    indexed = n
+        rc = proc.wait()
+    if rc != 0 or indexed is None:
+        raise RuntimeError(f"Lucene indexing failed (exit {rc}). Last lines:\n" + "\n".join(tail))
+    return indexed
+
+
+def build_faiss(store: ShardedDocStore, out: Path, encoder, *, faiss_type: str = "flat",
+                batch: int = 1024, progress: bool = True) -> int:
+    import faiss
+
+    from .dense import new_faiss_index
+
+    index = new_faiss_index(encoder.dim, faiss_type)
+    buf: list[Passage] = []
+    with tqdm(total=len(store), unit="passage", desc="dense (FAISS)", disable=not progress) as bar:
+        for passage in store:
+            buf.append(passage)
+            if len(buf) == batch:
+                index.add(encoder.encode_passages(buf))
+                bar.update(len(buf))
+                buf = []
+        if buf:
+            index.add(encoder.encode_passages(buf))
+            bar.update(len(buf))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(index, str(out))
+    return int(index.ntotal)
+
+
+def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool = True,
+                dense_encoder: str | None = None, language: str = "en", fmt: str = "auto",
+                skip_bad: bool = False, chunk_size: int = 100, threads: int | None = None,
+                k1: float = 0.9, b: float = 0.4, faiss_type: str = "flat", query_prefix: str = "",
+                passage_prefix: str = "", force: bool = False, progress: bool = True) -> IndexManifest:
+    """Build (or reuse, when up to date) the index directory ``out`` from ``corpus``."""
+    if not bm25 and not dense_encoder:
+        raise ValueError("nothing to build: pass --bm25 and/or --dense-encoder PATH")
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+    corpus, out = Path(corpus), Path(out)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"corpus file not found: {corpus}")
+    threads = threads or min(8, os.cpu_count() or 1)
+    encoder = None
+    if dense_encoder:
+        from .dense import Encoder
+
+        encoder = Encoder(dense_encoder, query_prefix=query_prefix, passage_prefix=passage_prefix)
+
+    if not force and (out / MANIFEST).is_file():
+        try:
+            old = IndexManifest.load(out)
+            same = (old.corpus.get("sha256") == file_sha256(corpus) and bool(old.bm25) == bm25
+                    and old.language == language
+                    and (old.bm25 is None or (old.bm25.k1, old.bm25.b) == (k1, b))
+                    and (encoder is None) == (old.dense is None)
+                    and (encoder is None or old.dense.encoder_fingerprint == encoder_fingerprint(encoder.path)))
+            if same:
+                log.info("index at %s is up to date (same corpus and parts); use --force to rebuild", out)
+                return old
+        except (IndexMismatchError, IndexMissingError):
+            pass
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    t0 = time.time()
+    stats = _write_shards(corpus, tmp / "corpus", fmt, skip_bad, chunk_size, progress)
+    _write_all_offsets(tmp)
+    manifest = IndexManifest(corpus=corpus_record(corpus, stats.passages), language=language,
+                             docstore={"jsonl": "corpus", "offsets": "offsets"}, versions=backend_versions())
+    manifest.corpus["format"] = stats.format
+    manifest.corpus["skipped"] = stats.skipped
+    if bm25:
+        n = build_lucene(tmp / "corpus", tmp / "bm25", language=language, threads=threads, progress=progress,
+                         expected_docs=stats.passages)
+        if n != stats.passages:
+            raise RuntimeError(f"Lucene indexed {n} documents but the corpus has {stats.passages} passages")
+        manifest.bm25 = BM25Part(path="bm25", docs=n, k1=k1, b=b)
+    if encoder is not None:
+        store = open_docstore(tmp, manifest)
+        n = build_faiss(store, tmp / "dense" / "index.faiss", encoder, faiss_type=faiss_type, progress=progress)
+        manifest.dense = DensePart(path="dense/index.faiss", docs=n, encoder=encoder.path, dim=encoder.dim,
+                                   encoder_fingerprint=encoder_fingerprint(encoder.path), faiss_type=faiss_type,
+                                   query_prefix=query_prefix, passage_prefix=passage_prefix)
+    manifest.save(tmp)
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    log.info("built %s in %.1fs: %d passages", out, time.time() - t0, stats.passages)
+    return manifest
+
+
+def _write_all_offsets(index_dir: Path) -> None:
+    (index_dir / "offsets").mkdir(exist_ok=True)
+    for shard in sorted((index_dir / "corpus").glob("passages-*.jsonl")):
+        write_offsets(shard, index_dir / "offsets" / (shard.stem + ".offsets.npy"), progress=False)
+
+
+def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: str | None = None,
+               dense_encoder: str | None = None, corpus: str | None = None, language: str = "en",
+               k1: float = 0.9, b: float = 0.4, query_prefix: str = "", passage_prefix: str = "",
+               progress: bool = True) -> IndexManifest:
+    """Make an index directory that uses indexes built elsewhere in place (nothing is copied).
+
+    ``lucene``: a Lucene index directory (e.g. a Pyserini prebuilt one). ``faiss_dir``: a Pyserini FAISS
+    index directory (``index`` + ``docid`` files) or a ``.faiss`` file, with the ``dense_encoder`` it was
+    built with. Passage text comes from ``corpus`` when given (normalised into a docstore here), otherwise
+    from the Lucene index's stored raw documents.
+    """
+    if not lucene and not faiss_dir:
+        raise ValueError("nothing to link: pass --lucene DIR and/or --faiss DIR")
+    if faiss_dir and not dense_encoder:
+        raise ValueError("--faiss needs --dense-encoder: the encoder the FAISS index was built with")
+    if faiss_dir and not (corpus or lucene):
+        raise ValueError("--faiss needs passage text: pass --corpus FILE or --lucene DIR")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = IndexManifest(corpus={"path": None, "sha256": None, "size": None, "passages": None},
+                             language=language, versions=backend_versions())
+    if corpus:
+        stats = _write_shards(corpus, out / "corpus.partial", "auto", False, 100, progress)
+        shutil.rmtree(out / "corpus", ignore_errors=True)
+        os.replace(out / "corpus.partial", out / "corpus")
+        _write_all_offsets(out)
+        manifest.corpus = corpus_record(corpus, stats.passages)
+        manifest.docstore = {"jsonl": "corpus", "offsets": "offsets"}
+    if lucene:
+        from .bm25 import BM25Searcher
+
+        lucene_path = Path(lucene).resolve()
+        docs = BM25Searcher(lucene_path, k1=k1, b=b, language=language).num_docs
+        manifest.bm25 = BM25Part(path=str(lucene_path), docs=docs, external=True, k1=k1, b=b)
+        if manifest.corpus["passages"] is None:
+            manifest.corpus["passages"] = docs
+    if faiss_dir:
+        import faiss
+
+        from .dense import resolve_encoder
+
+        fpath = Path(faiss_dir).resolve()
+        index_file = fpath / "index" if fpath.is_dir() else fpath
+        docid_file = fpath / "docid" if fpath.is_dir() and (fpath / "docid").is_file() else None
+        index = faiss.read_index(str(index_file))
+        encoder_path = resolve_encoder(dense_encoder)
+        manifest.dense = DensePart(path=str(index_file), docs=int(index.ntotal), encoder=encoder_path,
+                                   dim=int(index.d), encoder_fingerprint=encoder_fingerprint(encoder_path)
+                                   if os.path.isdir(encoder_path) else "", external=True,
+                                   query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                   docids=str(docid_file) if docid_file else None)
+        if manifest.corpus["passages"] is not None and docid_file is None \
+                and manifest.corpus["passages"] != index.ntotal:
+            raise IndexMismatchError(f"the FAISS index has {index.ntotal} vectors but the corpus has "
+                                     f"{manifest.corpus['passages']} passages; pass the corpus it was built from")
+    manifest.save(out)
+    return manifest
+

@@ -1,0 +1,126 @@
+"""Open a searcher over an index directory (or a search server URL), checking the index as it opens."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .build import open_docstore
+from .cache import CachedSearcher
+from .manifest import IndexManifest, check_corpus_unchanged, encoder_fingerprint, rebuild_hint
+from .types import IndexMismatchError, IndexMissingError, Searcher
+
+RETRIEVERS = ("bm25", "dense", "hybrid")
+
+
+def is_url(index: str | os.PathLike) -> bool:
+    return str(index).startswith(("http://", "https://"))
+
+
+def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_encoder: str | None = None,
+                  fusion: str = "weighted", alpha: float = 0.3, depth: int = 50, threads: int | None = None,
+                  k1: float | None = None, b: float | None = None, corpus: str | None = None,
+                  cache_size: int = 0, timeout: float = 10.0, retries: int = 3) -> Searcher:
+    """A :class:`Searcher` for ``index``: an index directory, or the URL of ``agentic-rag serve-search``.
+
+    The index is checked against its manifest (parts present, document counts, encoder); every failure
+    raises :class:`IndexMissingError` / :class:`IndexMismatchError` with the command that fixes it.
+    ``cache_size > 0`` puts an LRU cache in front (the HTTP client always has its own).
+    """
+    if retriever not in RETRIEVERS:
+        raise ValueError(f"unknown retriever {retriever!r}; choose one of {', '.join(RETRIEVERS)}")
+    if is_url(index):
+        from .client import HTTPSearcher
+
+        return HTTPSearcher(str(index), timeout=timeout, retries=retries, cache_size=cache_size or 10000)
+    index_dir = Path(index)
+    manifest = IndexManifest.load(index_dir)
+    if corpus:
+        check_corpus_unchanged(manifest, corpus, index_dir)
+    searcher: Searcher
+    if retriever == "bm25":
+        searcher = _open_bm25(index_dir, manifest, threads, k1, b)
+    elif retriever == "dense":
+        searcher = _open_dense(index_dir, manifest, dense_encoder, threads)
+    else:
+        from .hybrid import HybridSearcher
+
+        searcher = HybridSearcher(_open_bm25(index_dir, manifest, threads, k1, b),
+                                  _open_dense(index_dir, manifest, dense_encoder, threads),
+                                  fusion=fusion, alpha=alpha, depth=depth)
+    return CachedSearcher(searcher, cache_size) if cache_size > 0 else searcher
+
+
+def _open_bm25(index_dir: Path, manifest: IndexManifest, threads: int | None, k1: float | None,
+               b: float | None):
+    from .bm25 import BM25Searcher
+
+    part = manifest.bm25
+    if part is None:
+        raise IndexMissingError(f"the index at {index_dir} has no BM25 part.\n"
+                                + rebuild_hint(index_dir, manifest.corpus.get("path"), "--bm25"))
+    path = manifest.resolve(index_dir, part.path)
+    if not path.is_dir():
+        raise IndexMissingError(f"the BM25 index of {index_dir} is missing ({path} does not exist).\n"
+                                + rebuild_hint(index_dir, manifest.corpus.get("path"), "--bm25"))
+    searcher = BM25Searcher(path, k1=part.k1 if k1 is None else k1, b=part.b if b is None else b,
+                            language=manifest.language, threads=threads)
+    if searcher.num_docs != part.docs:
+        raise IndexMismatchError(f"the BM25 index at {path} holds {searcher.num_docs} documents but the manifest "
+                                 f"says {part.docs}.\n" + rebuild_hint(index_dir, manifest.corpus.get("path")))
+    return searcher
+
+
+def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | None, threads: int | None):
+    from .dense import DenseSearcher, Encoder, resolve_encoder
+
+    part = manifest.dense
+    hint = rebuild_hint(index_dir, manifest.corpus.get("path"), "--dense-encoder ENCODER_DIR")
+    if part is None:
+        raise IndexMissingError(f"the index at {index_dir} has no dense part.\n{hint}")
+    faiss_path = manifest.resolve(index_dir, part.path)
+    if not faiss_path.is_file():
+        raise IndexMissingError(f"the FAISS index of {index_dir} is missing ({faiss_path}).\n{hint}")
+    encoder_path = resolve_encoder(dense_encoder) if dense_encoder else part.encoder
+    if os.path.isabs(encoder_path) and not os.path.isdir(encoder_path):
+        raise IndexMismatchError(
+            f"the encoder this index was built with is not at {encoder_path} (was the index moved from another "
+            f"machine?). Pass the same encoder with --dense-encoder PATH.")
+    if part.encoder_fingerprint and os.path.isdir(encoder_path) \
+            and encoder_fingerprint(encoder_path) != part.encoder_fingerprint:
+        raise IndexMismatchError(f"the encoder at {encoder_path} is not the one the FAISS index was built with "
+                                 f"({part.encoder}); query with that encoder, or rebuild.\n{hint}")
+    encoder = Encoder(encoder_path, query_prefix=part.query_prefix, passage_prefix=part.passage_prefix)
+    if manifest.docstore is not None:
+        store = open_docstore(index_dir, manifest)
+        lookup = store.get_many
+        if part.docs != len(store):
+            raise IndexMismatchError(f"the FAISS index has {part.docs} vectors but the passage store holds "
+                                     f"{len(store)}.\n{hint}")
+    elif part.docids and manifest.bm25 is not None:
+        lookup = _docid_lookup(Path(part.docids), _open_bm25(index_dir, manifest, threads, None, None))
+    else:
+        raise IndexMissingError(f"the dense index at {index_dir} has no passage text source; "
+                                f"link it with --corpus or --lucene")
+    searcher = DenseSearcher(encoder, faiss_path, lookup)
+    if searcher.num_docs != part.docs:
+        raise IndexMismatchError(f"the FAISS index at {faiss_path} holds {searcher.num_docs} vectors but the "
+                                 f"manifest says {part.docs}.\n{hint}")
+    return searcher
+
+
+def _docid_lookup(docid_file: Path, bm25):
+    """Row -> passage for a Pyserini FAISS index: the 'docid' file names rows, Lucene stores the text."""
+    from .corpus import Passage
+
+    with open(docid_file, encoding="utf-8") as f:
+        docids = [line.strip() for line in f]
+
+    def lookup(rows: list[int]) -> list[Passage]:
+        out = []
+        for r in rows:
+            hit = bm25.doc(docids[r])
+            out.append(Passage(docids[r], hit.title if hit else "", hit.text if hit else ""))
+        return out
+
+    return lookup

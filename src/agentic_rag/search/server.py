@@ -1,0 +1,209 @@
+"""The retrieval server: any Searcher behind ``POST /search``, ``POST /batch_search`` and ``GET /health``.
+
+Requests that arrive together are answered together: a background task collects whatever is queued
+(up to ``max_batch`` queries) and makes one ``batch_search`` call, which for BM25 is one Lucene batch over
+its own threads. Under load this turns many small requests into few large ones; alone, a request waits
+for nothing. A bad request (malformed JSON, empty or oversized query, k out of range, too many queries,
+oversized body) is answered 4xx with a reason, and the server keeps serving.
+
+Request and response bodies::
+
+    POST /search        {"query": "...", "k": 5}        -> {"hits": [{"docid","title","text","score"}, ...]}
+    POST /batch_search  {"queries": ["...", ...], "k": 5} -> {"results": [[hit, ...], ...]}
+    GET  /health                                          -> {"status": "ok", "passages": N, ...}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .types import MAX_QUERY_CHARS, Hit, Searcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerLimits:
+    max_k: int = 100
+    max_query_chars: int = MAX_QUERY_CHARS
+    max_batch: int = 256
+    max_body_bytes: int = 4 << 20
+
+
+class SearchRequest(BaseModel):
+    query: str
+    k: int = 10
+
+
+class BatchSearchRequest(BaseModel):
+    queries: list[str]
+    k: int = 10
+
+
+def _validate(queries: list[str], k: int, limits: ServerLimits, batch: bool = False) -> None:
+    """Raise a 422 naming the first problem with a request's queries or k."""
+    problem = None
+    if not 1 <= k <= limits.max_k:
+        problem = f"k must be between 1 and {limits.max_k}, got {k}"
+    elif not queries:
+        problem = "queries is empty"
+    elif len(queries) > limits.max_batch:
+        problem = f"{len(queries)} queries; the limit is {limits.max_batch} per request"
+    else:
+        for i, q in enumerate(queries):
+            where = f"queries[{i}]" if batch else "query"
+            if not q.strip():
+                problem = f"{where} is empty"
+            elif len(q) > limits.max_query_chars:
+                problem = f"{where} is {len(q)} characters; the limit is {limits.max_query_chars}"
+            if problem:
+                break
+    if problem:
+        raise HTTPException(status_code=422, detail=problem)
+
+
+@dataclass
+class _Pending:
+    queries: list[str]
+    k: int
+    future: asyncio.Future
+
+
+@dataclass
+class _Batcher:
+    """Collects concurrent requests into one ``batch_search`` call on a worker thread."""
+
+    searcher: Searcher
+    max_batch: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    batches: int = 0
+    queries: int = 0
+
+    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Pending(queries, k, fut))
+        return await fut
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self.queue.get()
+            group = [first]
+            n = len(first.queries)
+            while not self.queue.empty() and n < self.max_batch:
+                item = self.queue.get_nowait()
+                group.append(item)
+                n += len(item.queries)
+            k = max(p.k for p in group)
+            flat = [q for p in group for q in p.queries]
+            try:
+                results = await loop.run_in_executor(None, self.searcher.batch_search, flat, k)
+            except Exception as exc:  # a backend failure: each waiting request gets it
+                log.exception("batch_search failed")
+                for p in group:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            self.batches += 1
+            self.queries += len(flat)
+            i = 0
+            for p in group:
+                if not p.future.done():  # the client may have gone away
+                    p.future.set_result([r[:p.k] for r in results[i:i + len(p.queries)]])
+                i += len(p.queries)
+
+
+def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
+               info: dict[str, Any] | None = None) -> FastAPI:
+    """The FastAPI application serving ``searcher``; ``info`` is added to ``/health``."""
+    limits = limits or ServerLimits()
+    state: dict[str, Any] = {"started": time.time(), "requests": 0, "errors_4xx": 0}
+    batcher = _Batcher(searcher, limits.max_batch)
+
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(batcher.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(title="agentic-rag search", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):
+        state["requests"] += 1
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
+            state["errors_4xx"] += 1
+            return JSONResponse({"detail": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        if 400 <= exc.status_code < 500:
+            state["errors_4xx"] += 1
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError):
+        state["errors_4xx"] += 1
+        reasons = []
+        for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                reasons.append(f"malformed JSON body: {err.get('ctx', {}).get('error', 'cannot parse')}")
+                continue
+            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            msg = str(err.get("msg", "invalid"))
+            reasons.append(f"{where}: {msg}" if where else msg)
+        return JSONResponse({"detail": "; ".join(reasons)}, status_code=422)
+
+    @app.post("/search")
+    async def search(req: SearchRequest) -> dict[str, Any]:
+        _validate([req.query], req.k, limits)
+        hits = (await batcher.submit([req.query], req.k))[0]
+        return {"hits": [h.to_dict() for h in hits]}
+
+    @app.post("/batch_search")
+    async def batch_search(req: BatchSearchRequest) -> dict[str, Any]:
+        _validate(req.queries, req.k, limits, batch=True)
+        results = await batcher.submit(list(req.queries), req.k)
+        return {"results": [[h.to_dict() for h in hits] for hits in results]}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        out = {"status": "ok", "uptime_s": round(time.time() - state["started"], 1),
+               "requests": state["requests"], "errors_4xx": state["errors_4xx"],
+               "batches": batcher.batches, "queries": batcher.queries,
+               "limits": {"max_k": limits.max_k, "max_query_chars": limits.max_query_chars,
+                          "max_batch": limits.max_batch}}
+        cache = getattr(searcher, "cache", None)
+        if cache is not None:
+            out["cache"] = cache.stats()
+        out.update(info or {})
+        return out
+
+    return app
+
+
+def serve(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, *, limits: ServerLimits | None = None,
+          info: dict[str, Any] | None = None, log_level: str = "warning") -> None:
+    """Serve until interrupted (uvicorn, one process: the searcher and its JVM are not forked)."""
+    import uvicorn
+
+    app = create_app(searcher, limits=limits, info=info)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1, access_log=False)
+
+
+def hits_from_json(rows: Sequence[dict[str, Any]]) -> list[Hit]:
+    return [Hit.from_dict(r) for r in rows]

@@ -1,0 +1,66 @@
+"""Shared fixtures: the real data in ../shared/data and small real indexes built once per session."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("AGENTIC_RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def shared(rel: str) -> Path:
+    path = SHARED / rel
+    if not path.exists():
+        pytest.fail(f"missing shared data file {path} (set AGENTIC_RAG_SHARED_DATA to ../shared/data)")
+    return path
+
+
+# The 2WikiMultiHopQA corpus, cut to the gold passages of the first 20 dev questions plus the first 300
+# passages: small enough to embed in seconds, real enough to have exact expected docids.
+N_DEV = 20
+
+
+def wiki_subset() -> list[dict]:
+    corpus = json.loads(shared("hipporag/2wikimultihopqa_corpus.json").read_text())
+    dev = json.loads(shared("tts-project/2wikimultihopqa_dev500.json").read_text())[:N_DEV]
+    gold = {t for q in dev for t in q["supporting_facts"]}
+    keep = [i for i, p in enumerate(corpus) if i < 300 or p["title"] in gold]
+    return [{"id": str(i), "title": corpus[i]["title"], "text": corpus[i]["text"]} for i in keep]
+
+
+@pytest.fixture(scope="session")
+def wiki_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "wiki_subset.json"
+    path.write_text(json.dumps(wiki_subset()))
+    return path
+
+
+@pytest.fixture(scope="session")
+def wiki_index(tmp_path_factory, wiki_corpus) -> Path:
+    """BM25 + dense (bundled MiniLM) index over the 2Wiki subset."""
+    from agentic_rag.search.build import build_index
+
+    out = tmp_path_factory.mktemp("index") / "wiki"
+    build_index(wiki_corpus, out, bm25=True, dense_encoder="minilm", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def dev_questions() -> Path:
+    return shared("tts-project/2wikimultihopqa_dev500.json")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
