@@ -64,3 +64,47 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------ models and tokenizers
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tmp_path_factory):
+    """The real Qwen2 vocabulary with the Qwen3 tokenizer config over it: ChatML template, <think> tokens."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    d = tmp_path_factory.mktemp("qwen_tok")
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(shared(f"rtp-llm-qwen-tokenizer/qwen2_tokenizer/{name}"), d / name)
+    shutil.copy(shared("rtp-llm-qwen-tokenizer/qwen3_30b_tokenizer_config/tokenizer_config.json"),
+                d / "tokenizer_config.json")
+    return AutoTokenizer.from_pretrained(str(d))
+
+
+@pytest.fixture(scope="session")
+def qwen2_tokenizer():
+    """The plain Qwen2 tokenizer as shipped (no <think> special tokens)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(shared("rtp-llm-qwen-tokenizer/qwen2_tokenizer")))
+
+
+def tiny_qwen_config(vocab_size: int, layers: int = 2, hidden: int = 64):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=4096, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(qwen_tokenizer):
+    """A 2-layer random-init Qwen2 model over the real vocabulary (eval mode, float32, seed 0)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(tiny_qwen_config(len(qwen_tokenizer))).eval()

@@ -1,0 +1,286 @@
+"""Continuous batched decoding over a Hugging Face causal LM, with rows that pause, resume and restart.
+
+:class:`DecodeSession` keeps one KV cache for all live rows. Each :meth:`~DecodeSession.step` feeds every
+row's pending tokens in one forward pass (new rows' prompts, observation tokens appended to a resumed row,
+or the last sampled token of a generating row), samples the next token of every generating row, and
+returns the rows that stopped in this step. The engine can then append an observation to a stopped row
+(:meth:`~DecodeSession.resume`), give it a new context (:meth:`~DecodeSession.reset`, after a backtrack or
+summary), or let it go (:meth:`~DecodeSession.release`), while the other rows keep generating: no row
+waits for another row's turn to end.
+
+How the cache stays correct: each step's block of inputs is left-padded to the longest row's pending
+input; padding and invalidated entries are masked out through the 2D attention mask, and every real token
+gets its own position id (its index in its row's context), so a row's tokens see exactly its own context.
+Holes left by padding are removed by re-prefilling the live rows when they outgrow the real content.
+
+Sampling is done here, not by ``model.generate``: ``log_softmax(logits / temperature)`` is computed once,
+gives the recorded log-probability of the chosen token, and after optional top-k/top-p truncation is
+sampled by inverse CDF (one uniform number per row against the cumulative sum: an exact categorical
+sample, much faster on CPU than ``torch.multinomial`` over a 150k vocabulary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+STOP_EOS = "eos"
+STOP_LENGTH = "length"
+
+# a logits processor here: (scores [n, V], the rows being sampled) -> scores
+Processor = Callable[[torch.Tensor, list["Row"]], torch.Tensor]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
+
+
+@dataclass
+class Generation:
+    """What one row produced in a turn: new ids exactly as generated, and why it stopped."""
+
+    ids: list[int]
+    logprobs: list[float] | None = None
+    stop: str = STOP_LENGTH  # the stop string that matched, STOP_EOS, or STOP_LENGTH
+
+
+@dataclass
+class Row:
+    """A sequence in the session. ``context`` is everything fed or queued; ``generated`` this turn's output."""
+
+    id: int
+    context: list[int]
+    budget: int
+    pending: list[int] = field(default_factory=list)  # tokens not yet in the cache
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    generating: bool = True
+    position: int = 0  # position id of the next token fed
+    turn_start: int = 0  # len(context) when this turn began
+    user: Any = None  # free for processors (e.g. a script key)
+
+
+class DecodeSession:
+    def __init__(self, model, tokenizer, *, stop_strings: Sequence[str], eos_ids: set[int], pad_id: int,
+                 sampling: SamplingParams, return_logprobs: bool = True, processors: Sequence[Processor] = (),
+                 compact_slack: int = 256):
+        self.model, self.tokenizer = model, tokenizer
+        self.stop_strings = list(stop_strings)
+        self.eos_ids, self.pad_id = set(eos_ids), pad_id
+        self.sampling = sampling
+        self.return_logprobs = return_logprobs
+        self.processors = list(processors)
+        self.compact_slack = compact_slack
+        self.device = next(model.parameters()).device
+        self.rows: dict[int, Row] = {}
+        self._order: list[int] = []  # row ids in cache batch order
+        self._cache = None
+        self._mask: torch.Tensor | None = None  # [batch, timeline] bool: which cache entries are valid
+        self._next_id = 0
+        self._tail = max((len(s) for s in self.stop_strings), default=1) + 1
+        self.on_token: Callable[[Row, int], None] | None = None  # called for every sampled token
+        self.steps = 0
+        self.forward_tokens = 0  # sum over steps of batch x block width (real + padding)
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    def add(self, context: Sequence[int], budget: int, user: Any = None) -> int:
+        if not context:
+            raise ValueError("a row needs a non-empty context")
+        if budget < 1:
+            raise ValueError(f"a row needs a budget of at least one token, got {budget}")
+        row = Row(self._next_id, list(context), budget, pending=list(context), turn_start=len(context), user=user)
+        self._next_id += 1
+        self.rows[row.id] = row
+        return row.id
+
+    def resume(self, row_id: int, append: Sequence[int], budget: int) -> None:
+        """Append ``append`` (environment tokens) to a stopped row and generate a new turn."""
+        row = self._stopped(row_id)
+        row.context.extend(append)
+        row.pending.extend(append)
+        self._new_turn(row, budget)
+
+    def reset(self, row_id: int, context: Sequence[int], budget: int) -> None:
+        """Replace a stopped row's whole context (its cached entries are dropped) and generate a new turn."""
+        row = self._stopped(row_id)
+        if row.id in self._order and self._mask is not None:
+            self._mask[self._order.index(row.id)] = False
+        row.context, row.pending, row.position = list(context), list(context), 0
+        self._new_turn(row, budget)
+
+    def release(self, row_id: int) -> None:
+        self.rows.pop(row_id, None)
+
+    def _stopped(self, row_id: int) -> Row:
+        row = self.rows[row_id]
+        if row.generating:
+            raise RuntimeError(f"row {row_id} is still generating")
+        return row
+
+    @staticmethod
+    def _new_turn(row: Row, budget: int) -> None:
+        row.generated, row.logprobs, row.budget, row.generating = [], [], budget, True
+        row.turn_start = len(row.context)
+
+    @property
+    def busy(self) -> bool:
+        return any(r.generating for r in self.rows.values())
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def step(self) -> list[tuple[int, Generation]]:
+        """One forward pass for every row with pending input; returns the rows that stopped."""
+        self._sync_batch()
+        live = [self.rows[i] for i in self._order]
+        fed = [r for r in live if r.pending]
+        if not fed:
+            return []
+        width = max(len(r.pending) for r in fed)
+        n = len(live)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((n, width), dtype=torch.bool)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for b, row in enumerate(live):
+            k = len(row.pending)
+            if k:
+                input_ids[b, width - k:] = torch.tensor(row.pending, dtype=torch.long)
+                new_mask[b, width - k:] = True
+                positions[b, width - k:] = torch.arange(row.position, row.position + k)
+                row.position += k
+                row.pending = []
+        mask = new_mask if self._mask is None else torch.cat([self._mask, new_mask], dim=1)
+        with torch.no_grad():
+            out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device).long(),
+                             position_ids=positions.to(self.device), past_key_values=self._cache, use_cache=True,
+                             logits_to_keep=1)
+        self._cache, self._mask = out.past_key_values, mask
+        self.steps += 1
+        self.forward_tokens += n * width
+        sampling = [b for b, r in enumerate(live) if r.generating and new_mask[b].any()]
+        stopped: list[tuple[int, Generation]] = []
+        if sampling:
+            logits = out.logits[sampling, -1].float()
+            tokens, logps = self._sample(logits, [live[b] for b in sampling])
+            for j, b in enumerate(sampling):
+                row = live[b]
+                token = int(tokens[j])
+                row.generated.append(token)
+                row.context.append(token)
+                row.pending = [token]
+                if self.return_logprobs:
+                    row.logprobs.append(float(logps[j]))
+                if self.on_token is not None:
+                    self.on_token(row, token)
+                reason = self._stop_reason(row, token)
+                if reason is not None:
+                    row.generating = False
+                    stopped.append((row.id, Generation(list(row.generated),
+                                                       list(row.logprobs) if self.return_logprobs else None, reason)))
+        self._maybe_compact()
+        return stopped
+
+    def _stop_reason(self, row: Row, token: int) -> str | None:
+        if token in self.eos_ids:
+            return STOP_EOS
+        if self.stop_strings:
+            tail = self.tokenizer.decode(row.generated[-self._tail:], skip_special_tokens=False)
+            for s in self.stop_strings:
+                if s in tail:
+                    return s
+        if len(row.generated) >= row.budget:
+            return STOP_LENGTH
+        return None
+
+    def _sample(self, logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.sampling
+        if s.repetition_penalty != 1.0:
+            for j, row in enumerate(rows):
+                seen = torch.tensor(sorted(set(row.context)), dtype=torch.long, device=logits.device)
+                vals = logits[j, seen]
+                logits[j, seen] = torch.where(vals > 0, vals / s.repetition_penalty, vals * s.repetition_penalty)
+        logp = torch.log_softmax(logits / s.temperature, dim=-1)
+        scores = logp
+        if s.do_sample and s.top_k and s.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if s.do_sample and s.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+            cum = sorted_scores.softmax(-1).cumsum(-1)
+            drop = cum - sorted_scores.softmax(-1) >= s.top_p  # keep the smallest prefix reaching top_p
+            scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
+        for proc in self.processors:
+            scores = proc(scores, rows)
+        if s.do_sample:
+            # inverse-CDF sampling: one uniform number per row (exact, and far cheaper on CPU than drawing a
+            # random number per vocabulary entry as torch.multinomial or the exponential race do)
+            cdf = scores.exp().cumsum(dim=-1)
+            u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+            tokens = torch.searchsorted(cdf, u)[:, 0].clamp_(max=cdf.shape[-1] - 1)
+        else:
+            tokens = torch.argmax(scores, dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+    # ---------------------------------------------------------------------------------- cache layout
+
+    def _sync_batch(self) -> None:
+        """Drop released rows from the cache and add new ones (with no valid entries yet)."""
+        keep = [b for b, i in enumerate(self._order) if i in self.rows]
+        if len(keep) < len(self._order) and self._cache is not None:
+            if keep:
+                self._cache.batch_select_indices(torch.tensor(keep, device=self.device))
+                self._mask = self._mask[keep]
+            else:
+                self._cache, self._mask = None, None
+        self._order = [self._order[b] for b in keep]
+        new = [i for i in self.rows if i not in self._order]
+        if not new:
+            return
+        if self._cache is not None:
+            if not self._can_grow():
+                self._reprefill(extra=new)
+                return
+            for layer in self._cache.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    setattr(layer, name, torch.cat([t, t.new_zeros((len(new), *t.shape[1:]))], dim=0))
+            self._mask = torch.cat([self._mask, torch.zeros((len(new), self._mask.shape[1]), dtype=torch.bool)])
+        self._order.extend(new)
+
+    def _can_grow(self) -> bool:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self._cache, "layers", None)
+        return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+
+    def _maybe_compact(self) -> None:
+        if self._mask is None:
+            return
+        content = max((len(r.context) - len(r.pending) for r in self.rows.values()), default=0)
+        if self._mask.shape[1] > 2 * content + self.compact_slack:
+            self._reprefill()
+
+    def _reprefill(self, extra: Sequence[int] = ()) -> None:
+        """Forget the cache; every live row feeds its whole context again at the next step."""
+        self._cache, self._mask = None, None
+        for i in list(self._order) + list(extra):
+            row = self.rows[i]
+            row.pending = list(row.context)
+            row.position = 0
+        self._order = [i for i in self._order if i in self.rows] + [i for i in extra if i not in self._order]
