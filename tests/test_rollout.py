@@ -358,9 +358,8 @@ def test_r1_searcher_real_outputs_parse(qwen_tokenizer):
     """All 500 real rollouts: queries and answers come out of the dialect's parser like the paper's."""
     import json
 
-    from conftest import shared
-
     from agentic_rag.rollout.protocol import ActionKind, get_dialect
+    from conftest import shared
 
     d = get_dialect("r1-searcher")
     rows = [json.loads(line) for line in shared("r1-searcher/eval_results/hotpotqa_llama.jsonl").open()]
@@ -550,7 +549,7 @@ def test_slots_refill_when_more_prompts_than_batch(qwen_tokenizer, tiny_qwen):
     """With max_batch_size 2 and five prompts, finished trajectories hand their slot to the next prompt;
     results are identical to running all five together (greedy, forced)."""
     tok = qwen_tokenizer
-    scripts = {f"Slot {n}?": ["<search>q%d</search>" % n] * (n % 3) + [f"<answer>{n}</answer>"] for n in range(5)}
+    scripts = {f"Slot {n}?": [f"<search>q{n}</search>"] * (n % 3) + [f"<answer>{n}</answer>"] for n in range(5)}
     together = AgentRollout(ForcedHFPolicy(tiny_qwen, tok, scripts), tok, FakeSearcher()).run(
         prompts(tok, list(scripts)), list(scripts))
     policy = ForcedHFPolicy(tiny_qwen, tok, scripts, max_batch_size=2)

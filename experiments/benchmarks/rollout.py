@@ -52,16 +52,14 @@ class WorkloadPolicy(HFPolicy):
                          **kw)
         self.plans = plans
         self.tags = {k: [tokenizer(t, add_special_tokens=False)["input_ids"] for t in v] for k, v in tags.items()}
-        self.turn_of: dict[tuple[int, int], tuple[int, list[int]]] = {}
-        self.count: dict[int, int] = {}
+        self.turn_of: dict[int, tuple[int, list[int]]] = {}
 
     def _plan(self, row) -> tuple[int, list[int]]:
-        key = (row.id, row.turn_start)
+        key = hash(tuple(row.context[:row.turn_start]))  # the turn's context: stable across steps and sessions
         if key not in self.turn_of:
             text = self.tokenizer.decode(row.context[:row.turn_start])
             q = next(k for k in self.plans if k in text)
-            n = self.count.get(row.id, 0)
-            self.count[row.id] = n + 1
+            n = text.split(q)[-1].count("</search>")  # turns done so far: one search each
             self.turn_of[key] = (self.plans[q][n], self.tags[q][n])
         return self.turn_of[key]
 

@@ -398,7 +398,8 @@ class AgentRollout:
                     break
             body = self.dialect.format_passages(fresh) if fresh else "No new results."
             blocks.append((query, body))
-            record.append({"query": query, "hits": [{"docid": h.docid, "title": h.title} for h in fresh]})
+            record.append({"query": query, "hits": [{"docid": h.docid, "title": h.title, "text": h.text[:1000]}
+                                                    for h in fresh]})
         t.event("search", tool=call.action.tool, queries=list(call.action.queries), results=record)
         if len(blocks) == 1:
             body = blocks[0][1]

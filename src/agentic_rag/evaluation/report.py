@@ -1,0 +1,151 @@
+"""A report comparing evaluation runs side by side (e.g. the base model against the trained adapter).
+
+``agentic-rag eval-report --runs DIR1 DIR2 --out report.md`` reads each run's ``summary.json`` and writes
+
+* ``report.md``: one table row per run (every metric, searches and turns per question, latency), what
+  each run was (model, adapter, dataset, index), the judge's failure counts, and - for runs that share
+  example ids with the first run - how many examples each later run fixed and broke on each metric;
+* ``report.png`` (next to it): a grouped bar chart of the accuracy and format metrics, one bar per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .metrics import ACCURACY
+from .runner import PREDICTIONS, SUMMARY
+
+LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM (ACC_R)", "judge": "judge (ACC_L)", "choice": "choice acc",
+          "format": "format"}
+ORDER = ("em", "f1", "cover_em", "judge", "choice", "format")
+
+
+class Run:
+    def __init__(self, path: str | os.PathLike, name: str | None = None):
+        path = Path(path)
+        self.dir = path.parent if path.is_file() else path
+        summary_path = path if path.is_file() else path / SUMMARY
+        if not summary_path.is_file():
+            raise FileNotFoundError(f"no {SUMMARY} in {self.dir}: run agentic-rag eval first")
+        self.summary: dict[str, Any] = json.loads(summary_path.read_text())
+        self.name = name or self.summary.get("run") or self.dir.name
+
+    def metric(self, name: str) -> float | None:
+        return (self.summary.get("metrics") or {}).get(name)
+
+    def per_example(self) -> dict[str, dict[str, Any]]:
+        path = self.dir / PREDICTIONS
+        if not path.is_file():
+            return {}
+        out = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                out[str(rec["id"])] = rec.get("metrics", {})
+        return out
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _metrics_present(runs: list[Run]) -> list[str]:
+    return [m for m in ORDER if any(r.metric(m) is not None for r in runs)]
+
+
+def markdown_table(runs: list[Run]) -> str:
+    metrics = _metrics_present(runs)
+    head = ["run", "n"] + [LABELS[m] for m in metrics] + ["searches/q", "turns/q", "latency p50 (s)", "p99 (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        s = r.summary
+        lat = s.get("latency_s") or {}
+        cells = [r.name, str(s.get("n", 0))] + [_fmt(r.metric(m)) for m in metrics] + [
+            _fmt(s.get("searches_per_question"), 2), _fmt(s.get("turns_per_question"), 2),
+            _fmt(lat.get("p50"), 2), _fmt(lat.get("p99"), 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[Run], path: str | os.PathLike) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = _metrics_present(runs)
+    width = 0.8 / max(1, len(runs))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(metrics) + 2), 3.6))
+    for i, r in enumerate(runs):
+        xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(metrics))]
+        ys = [r.metric(m) or 0.0 for m in metrics]
+        bars = ax.bar(xs, ys, width, label=r.name)
+        for bar, y in zip(bars, ys, strict=True):
+            ax.annotate(f"{y:.2f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(metrics)), [LABELS[m] for m in metrics], fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("score")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("evaluation runs compared", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def paired_lines(runs: list[Run]) -> list[str]:
+    """For each later run vs the first, on shared ids: examples fixed (0 -> 1) and broken (1 -> 0)."""
+    if len(runs) < 2:
+        return []
+    base = runs[0].per_example()
+    lines = []
+    for r in runs[1:]:
+        other = r.per_example()
+        shared = sorted(base.keys() & other.keys())
+        if not shared:
+            continue
+        parts = []
+        for m in ACCURACY:
+            pairs = [(base[i].get(m), other[i].get(m)) for i in shared]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            if pairs:
+                fixed = sum(1 for a, b in pairs if b > a)
+                broken = sum(1 for a, b in pairs if b < a)
+                parts.append(f"{LABELS[m]} +{fixed} / -{broken}")
+        lines.append(f"- **{r.name}** vs **{runs[0].name}** on {len(shared)} shared questions: " + "; ".join(parts))
+    return lines
+
+
+def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, names: list[str] | None = None) -> Path:
+    if names and len(names) != len(paths):
+        raise ValueError(f"{len(names)} names for {len(paths)} runs")
+    runs = [Run(p, names[i] if names else None) for i, p in enumerate(paths)]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = plot(runs, out.with_suffix(".png"))
+    md = ["# Evaluation report", "", markdown_table(runs), "", f"![metrics by run]({png.name})", "", "## Runs", ""]
+    for r in runs:
+        s = r.summary
+        pol = s.get("policy") or {}
+        search = s.get("search") or {}
+        what = f"model `{pol.get('model', '?')}`" + (f" + adapter `{pol['adapter']}`" if pol.get("adapter") else "")
+        if pol.get("type") == "endpoint":
+            what += f" at {pol.get('base_url')}"
+        md.append(f"- **{r.name}** ({r.dir}): {what}; dataset `{s.get('dataset')}`; dialect {s.get('dialect')}; "
+                  f"search {search.get('retriever')} over `{search.get('index')}` (k={search.get('k')}); "
+                  f"finish reasons {s.get('finish_reasons')}")
+        judge = s.get("judge")
+        if judge:
+            md.append(f"  - judge: {judge.get('judged', 0)} judged ({judge.get('yes', 0)} yes, {judge.get('no', 0)} "
+                      f"no), {judge.get('failed', 0)} failed, {judge.get('garbage', 0)} garbage replies")
+    paired = paired_lines(runs)
+    if paired:
+        md += ["", "## Per-question changes", "", *paired]
+    md += ["", "EM, F1 and cover-EM use SQuAD normalisation (agentic_rag.rewards.accuracy); latency is per question "
+           "within its batch.", ""]
+    out.write_text("\n".join(md), encoding="utf-8")
+    return out

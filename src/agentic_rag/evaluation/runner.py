@@ -1,0 +1,315 @@
+"""The evaluation runner: the rollout engine over a dataset, scored with one scorer, resumable.
+
+Reads top to bottom: read the questions; open the output directory and find what is already done; check
+every endpoint (policy, judge) and open the searcher; load the tokenizer and the policy (a local model with
+its optional LoRA adapter, or an OpenAI-compatible endpoint); then, batch by batch, roll the questions out
+with :class:`~agentic_rag.rollout.AgentRollout`, ask the judge, score, and append one JSON line per example.
+
+**Output** (``output_dir``):
+
+* ``predictions.jsonl``: one line per finished example: ``id, question, gold, prediction, metrics``,
+  ``judge`` (verdict status and reply), ``finish_reason, num_searches, num_turns, queries, search_errors,
+  latency_s, completion_tokens, model_tokens, trajectory`` (the completion text: model turns and
+  observations) and a little ``meta`` (question type, level, options);
+* ``summary.json``: the run's summary (:func:`~.metrics.summarize`) with the config that made it;
+* ``config.json``: the resolved config, checked on resume.
+
+**Resume.** Each batch's lines are written, flushed and fsynced as soon as the batch is scored; a rerun
+with the same ``output_dir`` skips every id already in ``predictions.jsonl`` (a line torn by a crash is
+dropped), so an interruption loses at most the batch in flight. A rerun whose config differs in anything
+that changes results (model, adapter, dataset, search, rollout, sampling, metrics, judge) is refused;
+``limit``, batch sizes, concurrency and timeouts may change (raise ``limit`` to extend a run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..data.questions import QARow, prompt_question, read_questions
+from .config import EvalConfig, EvalConfigError, config_to_dict
+from .metrics import example_metrics, format_ok, summarize
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS, SUMMARY, CONFIG = "predictions.jsonl", "summary.json", "config.json"
+# settings that do not change results: they may differ between a run and its resumption
+HARMLESS = {"name", "output_dir", "dataset.limit", "policy.max_batch_size", "policy.concurrency", "policy.timeout_s",
+            "policy.retries", "policy.device", "search.cache_size", "search.timeout_s", "rollout.batch_size",
+            "judge.timeout_s", "judge.max_concurrency", "judge.retries"}
+META_KEYS = ("type", "level", "setting", "hops", "answerable", "options", "answer_idx", "meta_info")
+
+BatchHook = Callable[[int, list[dict[str, Any]]], None]
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "extra_body":
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_resumable(out_dir: Path, cfg: EvalConfig, overwrite: bool) -> None:
+    """Refuse to mix results of two different configs in one output directory."""
+    path = out_dir / CONFIG
+    if overwrite:
+        for name in (PREDICTIONS, SUMMARY, CONFIG):
+            (out_dir / name).unlink(missing_ok=True)
+    elif path.is_file() and (out_dir / PREDICTIONS).is_file():
+        old, new = _flat(json.loads(path.read_text())), _flat(config_to_dict(cfg))
+        differ = sorted(k for k in old.keys() | new.keys() if k not in HARMLESS and old.get(k) != new.get(k))
+        if differ:
+            raise EvalConfigError([f"{out_dir} holds a run made with another config (differs in: "
+                                   f"{', '.join(differ)}); choose another output_dir or pass --overwrite"],
+                                  str(out_dir))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+
+
+def load_done(path: Path) -> dict[str, dict[str, Any]]:
+    """Finished records by id. A torn last line (a crash while writing) is cut off the file."""
+    done: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    with open(path, "rb+") as f:
+        data = f.read()
+        good_end, pos = 0, 0
+        lines = data.split(b"\n")
+        for i, raw in enumerate(lines):
+            end = pos + len(raw) + (1 if i < len(lines) - 1 else 0)
+            if raw.strip():
+                try:
+                    rec = json.loads(raw)
+                except json.JSONDecodeError:
+                    if end >= len(data) and not data.endswith(b"\n"):
+                        log.warning("%s: dropping a torn last line (an interrupted write)", path)
+                        break
+                    raise EvalConfigError([f"{path}:{i + 1}: not a JSON line; the file is damaged (move it away "
+                                           f"or pass --overwrite)"], str(path)) from None
+                done[str(rec["id"])] = rec
+            good_end = end
+            pos = end
+        if good_end < len(data):
+            f.truncate(good_end)
+    return done
+
+
+def append_records(f, records: Sequence[dict[str, Any]]) -> None:
+    for rec in records:
+        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
+def build_tokenizer(cfg: EvalConfig):
+    from ..models import load_tokenizer
+
+    return load_tokenizer(cfg.policy.tokenizer or cfg.policy.model)
+
+
+def sampling_params(cfg: EvalConfig):
+    from ..rollout import SamplingParams
+
+    pol = cfg.policy
+    if pol.temperature == 0:
+        return SamplingParams(do_sample=False, top_p=pol.top_p, top_k=pol.top_k,
+                              repetition_penalty=pol.repetition_penalty)
+    return SamplingParams(temperature=pol.temperature, top_p=pol.top_p, top_k=pol.top_k,
+                          repetition_penalty=pol.repetition_penalty)
+
+
+def build_policy(cfg: EvalConfig, tokenizer):
+    pol = cfg.policy
+    if pol.type == "endpoint":
+        from ..rollout.remote import OpenAICompletionsPolicy
+
+        return OpenAICompletionsPolicy(pol.base_url, pol.model, tokenizer, sampling_params(cfg),
+                                       api_key_env=pol.api_key_env, concurrency=pol.concurrency,
+                                       timeout_s=pol.timeout_s, retries=pol.retries, extra_body=pol.extra_body)
+    import torch
+
+    from ..models import load_causal_lm
+    from ..rollout import HFPolicy
+
+    torch.manual_seed(cfg.seed)
+    model = load_causal_lm(pol.model, adapter=pol.adapter or None, dtype=pol.dtype, device=pol.device or None,
+                           merge_adapter=pol.merge_adapter)
+    return HFPolicy(model, tokenizer, sampling_params(cfg), return_logprobs=False,
+                    max_batch_size=pol.max_batch_size or cfg.rollout.batch_size)
+
+
+def build_searcher(cfg: EvalConfig):
+    if cfg.search.index == "none":
+        return None
+    from ..search import open_searcher
+
+    return open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size)
+
+
+def rollout_limits(cfg: EvalConfig):
+    from ..rollout import RolloutLimits
+
+    r = cfg.rollout
+    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
+                         max_completion_tokens=r.max_completion_tokens, passages_per_search=cfg.search.k,
+                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s)
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def read_rows(cfg: EvalConfig) -> list[QARow]:
+    d = cfg.dataset
+    rows = read_questions(d.path, limit=d.limit, format=d.format, require_answers=True,
+                          question_field=d.question_field or "question", answer_field=d.answer_field or None)
+    seen: dict[str, int] = {}
+    for row in rows:  # ids must be unique for resume; repeated ones get a suffix
+        if row.id in seen:
+            seen[row.id] += 1
+            row.id = f"{row.id}#{seen[row.id]}"
+        else:
+            seen[row.id] = 1
+    return rows
+
+
+def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> dict[str, Any]:
+    options = row.meta.get("options") if isinstance(row.meta.get("options"), dict) else None
+    well_formed = format_ok(traj.finish_reason, traj.answer, traj.events)
+    scores = example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
+                             judge=None if verdict is None else verdict.value)
+    queries = [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
+    rec: dict[str, Any] = {
+        "id": row.id, "question": row.question, "gold": row.answers, "prediction": traj.answer, "metrics": scores,
+        "finish_reason": traj.finish_reason, "num_searches": traj.num_searches, "num_turns": traj.num_turns,
+        "queries": queries,
+        "search_errors": sum(1 for e in traj.events if e["type"] == "error" and e.get("kind") == "search_failed"),
+        "latency_s": round(latency, 4), "completion_tokens": len(traj.completion_ids),
+        "model_tokens": traj.model_tokens, "trajectory": traj.text,
+        "meta": {k: row.meta[k] for k in META_KEYS if k in row.meta},
+    }
+    if verdict is not None:
+        rec["judge"] = {"status": verdict.status, "reply": verdict.raw}
+    return rec
+
+
+def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None, searcher: Any = None,
+                   judge: Any = None, progress: bool = True, overwrite: bool = False,
+                   on_batch: BatchHook | None = None) -> dict[str, Any]:
+    """Run (or resume) an evaluation; returns the summary (also written to ``output_dir/summary.json``).
+
+    ``policy`` / ``tokenizer`` / ``searcher`` / ``judge`` replace what the config would build (tests,
+    notebooks); ``on_batch(index, records)`` is called after each batch is on disk.
+    """
+    from tqdm import tqdm
+
+    from ..data.prompts import build_prompt
+    from ..rollout import AgentRollout, RolloutHooks
+
+    rows = read_rows(cfg)
+    has_options = any(isinstance(r.meta.get("options"), dict) for r in rows)
+    metrics = cfg.resolved_metrics("medqa" if has_options else cfg.dataset.format)
+    out_dir = Path(cfg.output_dir)
+    check_resumable(out_dir, cfg, overwrite)
+    pred_path = out_dir / PREDICTIONS
+    done = load_done(pred_path)
+    pending = [r for r in rows if r.id not in done]
+    log.info("%d questions: %d already done in %s, %d to go", len(rows), len(rows) - len(pending), pred_path,
+             len(pending))
+    started = time.perf_counter()
+    if pending:
+        if "judge" in metrics and judge is None:
+            from ..rewards.judge import JudgeClient
+
+            judge = JudgeClient(cfg.judge)
+            judge.check()  # fail fast, before anything heavy loads
+        if policy is None and cfg.policy.type == "endpoint":
+            from ..endpoints import api_key_from_env, check_endpoint
+
+            check_endpoint(cfg.policy.base_url, api_key_from_env(cfg.policy.api_key_env), model=cfg.policy.model,
+                           what="policy endpoint")
+        if searcher is None:
+            searcher = build_searcher(cfg)
+        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
+        owned = policy is None
+        policy = policy if policy is not None else build_policy(cfg, tokenizer)
+        engine = AgentRollout(policy, tokenizer, searcher, cfg.rollout.dialect, rollout_limits(cfg),
+                              summary_mode=cfg.rollout.summary_mode)
+        size = cfg.rollout.batch_size
+        bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
+                   disable=not progress)
+        try:
+            with open(pred_path, "a", encoding="utf-8") as f:
+                for b, start in enumerate(range(0, len(pending), size)):
+                    batch = pending[start:start + size]
+                    records = _run_batch(engine, tokenizer, cfg, batch, metrics, judge, build_prompt, RolloutHooks)
+                    append_records(f, records)
+                    for rec in records:
+                        done[rec["id"]] = rec
+                    bar.update(len(records))
+                    cover = [r["metrics"].get("cover_em") for r in done.values()]
+                    if cover and cover[0] is not None:
+                        bar.set_postfix(cover_em=f"{sum(cover) / len(cover):.3f}")
+                    if on_batch is not None:
+                        on_batch(b, records)
+        finally:
+            bar.close()
+            close = getattr(policy, "close", None)
+            if owned and callable(close):
+                close()
+    records = [done[r.id] for r in rows if r.id in done]
+    summary = summarize(records, metrics)
+    elapsed = time.perf_counter() - started
+    summary.update({
+        "run": cfg.name, "dataset": cfg.dataset.path, "metrics_requested": metrics,
+        "policy": {k: getattr(cfg.policy, k) for k in ("type", "model", "adapter", "base_url")},
+        "search": {"index": cfg.search.index, "retriever": cfg.search.retriever, "k": cfg.search.k},
+        "dialect": cfg.rollout.dialect,
+        "this_session": {"examples": len(pending), "elapsed_s": round(elapsed, 3),
+                         "questions_per_s": round(len(pending) / elapsed, 4) if pending and elapsed > 0 else None},
+        "config": config_to_dict(cfg),
+    })
+    if judge is not None and hasattr(judge, "stats"):
+        summary.setdefault("judge", {})["this_session_calls"] = dataclasses.asdict(judge.stats)
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return summary
+
+
+def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: list[str], judge, build_prompt,
+               hooks_cls) -> list[dict[str, Any]]:
+    r = cfg.rollout
+    questions = [prompt_question(row) for row in batch]
+    prompts = [build_prompt(tokenizer, q, r.dialect, language=r.language, chat=r.chat_template,
+                            system=r.system_prompt or None) for q in questions]
+    finished: dict[int, float] = {}
+    t0 = time.perf_counter()
+
+    def on_event(i: int, event: dict[str, Any]) -> None:
+        if event.get("type") == "finish":
+            finished[i] = time.perf_counter() - t0
+
+    trajs = engine.run(prompts, questions, hooks_cls(on_event=on_event))
+    batch_time = time.perf_counter() - t0
+    verdicts: list[Any] = [None] * len(batch)
+    if "judge" in metrics and judge is not None:
+        from ..rewards.judge import JudgeItem
+
+        items = [JudgeItem(q, row.answers, t.answer) for q, row, t in zip(questions, batch, trajs, strict=True)]
+        verdicts = judge.judge_batch_detailed(items)
+    return [_record(row, t, metrics, finished.get(i, batch_time), verdicts[i])
+            for i, (row, t) in enumerate(zip(batch, trajs, strict=True))]
