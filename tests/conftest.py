@@ -108,3 +108,28 @@ def tiny_qwen(qwen_tokenizer):
 
     torch.manual_seed(0)
     return Qwen2ForCausalLM(tiny_qwen_config(len(qwen_tokenizer))).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, qwen_tokenizer) -> Path:
+    """The tiny random-init Qwen2 model and the Qwen tokenizer saved together, loadable by path."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("tiny_model")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_qwen_config(len(qwen_tokenizer))).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def world_dir(tmp_path_factory) -> Path:
+    """The embedded fictional-world task (seed 0) with its BM25 index in world_dir/index."""
+    from agentic_rag.data.world import write_world
+    from agentic_rag.search.build import build_index
+
+    d = tmp_path_factory.mktemp("world")
+    paths = write_world(d / "world", seed=0)
+    build_index(paths["corpus"], d / "index", progress=False)
+    return d

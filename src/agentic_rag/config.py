@@ -1,0 +1,410 @@
+"""One experiment config: dataclasses with help text, read from YAML, validated as a whole.
+
+Every setting is a dataclass field whose ``metadata["help"]`` says what it does. :func:`load_config` reads a
+YAML file, applies environment overrides (the ``.env`` variables the launch scripts export), and checks
+everything *before* any model loads: unknown keys, wrong types, values out of range and rules that involve
+several fields are all collected and reported at once, each with the field's dotted path and the fix.
+
+Secrets never live here: the judge's API key and the SwanLab key are read from the environment variables
+named in the config, at the moment they are needed, and are never logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Every problem of a config, one per line."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - mirrors dataclasses.field(metadata=help)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f("", "base model: a local directory or a hub name (env MODEL_PATH)")
+    tokenizer: str = _f("", "tokenizer directory or hub name (default: the model's)")
+    dtype: str = _f("auto", "weights dtype: auto (bf16 on GPUs that have it, else fp32), bfloat16, float16, float32")
+    quantization: str = _f("none", "none, or nf4 for QLoRA (bitsandbytes 4-bit NF4, double quant, bf16 compute)")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    lora_dropout: float = _f(0.05, "LoRA dropout")
+    lora_target_modules: list[str] = _f(["all-linear"], "modules LoRA adapts; 'all-linear' = every linear layer "
+                                                       "of the decoder (not the LM head)")
+    gradient_checkpointing: bool = _f(True, "recompute activations in the backward pass (less memory, ~30% slower)")
+    attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager or flash_attention_2")
+    chat_template: bool | None = _f(None, "use the tokenizer's chat template (None: when it has one); False for "
+                                          "base models, as R1-Searcher trains the Qwen base model")
+
+
+@dataclass
+class DataConfig:
+    train_file: str = _f("", "training questions (any format agentic-rag reads: JSONL or JSON list)")
+    limit: int | None = _f(None, "use only the first N training questions")
+    language: str = _f("en", "system prompt language: en or zh")
+
+
+@dataclass
+class SearchConfig:
+    index: str = _f("", "index directory (agentic-rag index build) or search server URL http://... "
+                        "(env INDEX_DIR or SEARCH_URL)")
+    retriever: str = _f("bm25", "bm25, dense or hybrid")
+    cache_size: int = _f(10000, "LRU cache entries in front of the searcher (GRPO repeats queries)")
+    timeout_s: float = _f(30.0, "seconds before a search counts as failed")
+
+
+@dataclass
+class RolloutConfig:
+    dialect: str = _f("agentic", "tag protocol: agentic, search-r1 or r1-searcher")
+    max_turns: int = _f(8, "model turns per trajectory")
+    max_searches: int = _f(4, "search actions per trajectory")
+    max_tokens_per_turn: int = _f(256, "new model tokens per turn")
+    max_completion_tokens: int = _f(1024, "all tokens after the prompt, observations included")
+    passages_per_search: int = _f(3, "passages shown per query")
+    max_observation_tokens: int = _f(384, "tokens per observation (truncated cleanly)")
+    summary_mode: str = _f("replace", "replace: a summary restarts the context; keep: nothing is dropped")
+    temperature: float = _f(1.0, "sampling temperature of rollouts (the loss uses the same)")
+    top_p: float = _f(1.0, "nucleus sampling of rollouts")
+    max_batch_size: int | None = _f(None, "sequences decoded together (default: all of a generation batch)")
+
+
+@dataclass
+class RewardSpec:
+    name: str = _f("", "reward function: exact_match, f1, cover_em, choice, judge, format, retrieval, ragas")
+    weight: float = _f(1.0, "weight in the summed reward")
+    params: dict[str, Any] = _f({}, "reward-specific settings (see agentic_rag.training.rewards)")
+
+
+@dataclass
+class CurriculumConfig:
+    enabled: bool = _f(False, "R1-Searcher's two-stage curriculum instead of the plain reward list")
+    stage2_step: int = _f(100, "global step from which stage 2 rewards apply")
+    retrieval_bonus: float = _f(0.5, "stage 1: reward for a trajectory that retrieved")
+    format_penalty: float = _f(-2.0, "stage 2: reward for a malformed trajectory")
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = _f("", "OpenAI-compatible endpoint of the LLM judge (env JUDGE_BASE_URL); empty = no judge")
+    model: str = _f("", "judge model name (env JUDGE_MODEL)")
+    api_key_env: str = _f("JUDGE_API_KEY", "name of the environment variable holding the judge's API key")
+    timeout_s: float = _f(30.0, "seconds per judge call")
+    max_concurrency: int = _f(8, "judge calls in flight")
+    fallback: str = _f("cover_em", "metric used when the judge fails: exact_match, f1 or cover_em")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = _f("grpo", "grpo, dr_grpo, dapo or reinforce_pp (R1-Searcher's REINFORCE++-style batch "
+                           "normalised advantage)")
+    num_generations: int = _f(4, "rollouts per question (the group)")
+    beta: float = _f(0.0, "KL coefficient against the base model (adapter disabled); 0 = no KL term")
+    epsilon: float = _f(0.2, "clip range below 1")
+    epsilon_high: float | None = _f(None, "clip range above 1 (default: epsilon; DAPO: 0.28)")
+    num_iterations: int = _f(1, "optimisation passes per generation batch")
+    learning_rate: float = _f(1e-5, "peak learning rate of the adapter")
+    per_device_train_batch_size: int = _f(4, "completions per device per micro-step (a multiple of the group "
+                                             "size divides evenly)")
+    gradient_accumulation_steps: int = _f(1, "micro-steps per optimizer step")
+    max_steps: int = _f(100, "optimizer steps")
+    warmup_ratio: float = _f(0.0, "linear warm-up, as a fraction of max_steps (0 <= x < 1)")
+    max_grad_norm: float = _f(1.0, "gradient clipping")
+    mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by a limit from the loss "
+                                                       "(default: True for dapo)")
+
+
+@dataclass
+class LoggingConfig:
+    swanlab_mode: str = _f("offline", "offline (default), cloud (needs SWANLAB_API_KEY), local or disabled "
+                                      "(env SWANLAB_MODE)")
+    swanlab_project: str = _f("agentic-rag-r1", "SwanLab project (env SWANLAB_PROJECT)")
+    swanlab_log_dir: str = _f("", "where offline logs go (env SWANLAB_LOG_DIR; default OUTPUT_DIR/swanlog)")
+    run_name: str = _f("", "run name (default: derived from the config file name)")
+    logging_steps: int = _f(1, "log metrics every N steps")
+    sample_table_every: int = _f(10, "log a table of sample trajectories every N steps (0 = never)")
+    sample_table_rows: int = _f(4, "trajectories in each table")
+
+
+@dataclass
+class CheckpointConfig:
+    output_dir: str = _f("outputs/run", "checkpoints, logs and the final adapter")
+    save_steps: int = _f(50, "save the adapter and trainer state every N steps")
+    save_total_limit: int | None = _f(3, "keep only the last N checkpoints")
+    resume: bool = _f(False, "continue from the latest complete checkpoint in output_dir")
+
+
+@dataclass
+class ExperimentConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: list[RewardSpec] = field(
+        default_factory=lambda: [RewardSpec("f1", 1.0), RewardSpec("format", 0.2)],
+        metadata={"help": "weighted reward functions: a list of {name, weight, params} (see RewardSpec)"})
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    seed: int = _f(42, "random seed (data order, sampling, LoRA init)")
+    gpu_memory_gb: float | None = _f(None, "per-GPU memory for the fit check before loading (default: detected)")
+
+    def validate(self, *, check_files: bool = True) -> list[str]:
+        """Rules that involve values and several fields; returns every problem found. ``check_files=False``
+        skips the checks that files exist (for configs written for another machine)."""
+        p: list[str] = []
+        m, a, r = self.model, self.algorithm, self.rollout
+        if not m.name_or_path:
+            p.append("model.name_or_path is empty: set it in the config or MODEL_PATH in .env")
+        _choice(p, "model.dtype", m.dtype, ("auto", "bfloat16", "float16", "float32"))
+        _choice(p, "model.quantization", m.quantization, ("none", "nf4"))
+        _choice(p, "model.attn_implementation", m.attn_implementation, ("sdpa", "eager", "flash_attention_2"))
+        _positive(p, "model.lora_r", m.lora_r)
+        _positive(p, "model.lora_alpha", m.lora_alpha)
+        if not 0 <= m.lora_dropout < 1:
+            p.append(f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+        if not self.data.train_file:
+            p.append("data.train_file is empty: point it at a question file")
+        elif check_files and not Path(self.data.train_file).is_file():
+            p.append(f"data.train_file: no such file {self.data.train_file}")
+        _choice(p, "data.language", self.data.language, ("en", "zh"))
+        if not self.search.index:
+            p.append("search.index is empty: an index directory or http:// URL (INDEX_DIR or SEARCH_URL in .env)")
+        elif check_files and not self.search.index.startswith(("http://", "https://")) and \
+                not (Path(self.search.index) / "manifest.json").is_file():
+            p.append(f"search.index: no index at {self.search.index} (build one: agentic-rag index build "
+                     f"--corpus CORPUS --out {self.search.index})")
+        _choice(p, "search.retriever", self.search.retriever, ("bm25", "dense", "hybrid"))
+        _choice(p, "rollout.dialect", r.dialect, ("agentic", "search-r1", "r1-searcher"))
+        _choice(p, "rollout.summary_mode", r.summary_mode, ("replace", "keep"))
+        for name in ("max_turns", "max_tokens_per_turn", "max_completion_tokens", "passages_per_search"):
+            _positive(p, f"rollout.{name}", getattr(r, name))
+        if r.max_observation_tokens < 16:
+            p.append(f"rollout.max_observation_tokens must be >= 16, got {r.max_observation_tokens}")
+        if r.max_tokens_per_turn > r.max_completion_tokens:
+            p.append(f"rollout.max_tokens_per_turn ({r.max_tokens_per_turn}) exceeds rollout.max_completion_tokens "
+                     f"({r.max_completion_tokens}): lower it or raise the total")
+        if r.temperature <= 0:
+            p.append(f"rollout.temperature must be > 0, got {r.temperature}")
+        if not 0 < r.top_p <= 1:
+            p.append(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+        _choice(p, "algorithm.name", a.name, ("grpo", "dr_grpo", "dapo", "reinforce_pp"))
+        if a.num_generations < 2:
+            p.append(f"algorithm.num_generations must be >= 2 (a group needs two rollouts to compare), "
+                     f"got {a.num_generations}")
+        elif a.per_device_train_batch_size % a.num_generations and \
+                (a.per_device_train_batch_size * a.gradient_accumulation_steps) % a.num_generations:
+            p.append(f"algorithm.per_device_train_batch_size x gradient_accumulation_steps "
+                     f"({a.per_device_train_batch_size} x {a.gradient_accumulation_steps}) must be a multiple of "
+                     f"algorithm.num_generations ({a.num_generations})")
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_iterations"):
+            _positive(p, f"algorithm.{name}", getattr(a, name))
+        if a.beta < 0:
+            p.append(f"algorithm.beta must be >= 0, got {a.beta}")
+        if a.learning_rate <= 0:
+            p.append(f"algorithm.learning_rate must be > 0, got {a.learning_rate}")
+        names = ("exact_match", "f1", "cover_em", "choice", "judge", "format", "retrieval", "ragas")
+        if not self.curriculum.enabled and not self.rewards:
+            p.append("rewards is empty: list at least one reward (e.g. {name: f1, weight: 1.0})")
+        for i, spec in enumerate(self.rewards):
+            _choice(p, f"rewards[{i}].name", spec.name, names)
+            if spec.name == "judge" and not self.judge.base_url:
+                p.append(f"rewards[{i}] is the LLM judge but judge.base_url is empty (JUDGE_BASE_URL in .env)")
+        if self.judge.base_url and not self.judge.model:
+            p.append("judge.model is empty while judge.base_url is set (JUDGE_MODEL in .env)")
+        _choice(p, "judge.fallback", self.judge.fallback, ("exact_match", "f1", "cover_em"))
+        _choice(p, "logging.swanlab_mode", self.logging.swanlab_mode, ("offline", "cloud", "local", "disabled"))
+        if self.logging.swanlab_mode == "cloud" and not os.environ.get("SWANLAB_API_KEY"):
+            p.append("logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set (in the environment or .env)")
+        _positive(p, "checkpoint.save_steps", self.checkpoint.save_steps)
+        return p
+
+
+def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}{hint}")
+
+
+def _positive(problems: list[str], name: str, value: Any) -> None:
+    if not isinstance(value, int) or value < 1:
+        problems.append(f"{name} must be a positive integer, got {value!r}")
+
+
+# -------------------------------------------------------------------------------------------- loading
+
+ENV_OVERRIDES = {
+    "MODEL_PATH": "model.name_or_path",
+    "INDEX_DIR": "search.index",
+    "SEARCH_URL": "search.index",
+    "JUDGE_BASE_URL": "judge.base_url",
+    "JUDGE_MODEL": "judge.model",
+    "SWANLAB_MODE": "logging.swanlab_mode",
+    "SWANLAB_PROJECT": "logging.swanlab_project",
+    "SWANLAB_LOG_DIR": "logging.swanlab_log_dir",
+    "OUTPUT_DIR": "checkpoint.output_dir",
+}
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check (and lightly coerce: int -> float) ``value`` against a simple annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _type_ok(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is Any:
+        return True, value
+    if tp is float:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)), float(value) \
+            if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            return False, value
+        out = []
+        for x in value:
+            ok, v = _type_ok(x, item)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, out
+    if origin is dict:
+        return isinstance(value, dict), value
+    return True, value
+
+
+def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+    if not isinstance(data, dict):
+        problems.append(f"{path or 'the config'} must be a mapping, got {type(data).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(fields)}"
+            problems.append(f"{where} is not a setting{hint}")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, where, problems)
+        elif typing.get_origin(tp) is list and dataclasses.is_dataclass((typing.get_args(tp) or (None,))[0]):
+            item_cls = typing.get_args(tp)[0]
+            if not isinstance(value, list):
+                problems.append(f"{where} must be a list, got {type(value).__name__}")
+            else:
+                kwargs[key] = [_build(item_cls, v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+        else:
+            ok, coerced = _type_ok(value, tp)
+            if ok:
+                kwargs[key] = coerced
+            else:
+                tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+                problems.append(f"{where} must be {tname}, got {value!r}")
+    return cls(**kwargs)
+
+
+def _set(cfg: ExperimentConfig, dotted: str, value: str, problems: list[str]) -> None:
+    obj: Any = cfg
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        obj = getattr(obj, name)
+    tp = typing.get_type_hints(type(obj))[leaf]
+    try:
+        parsed: Any = yaml.safe_load(value) if tp not in (str, str | None) else value
+    except yaml.YAMLError:
+        parsed = value
+    ok, coerced = _type_ok(parsed, tp)
+    if not ok:
+        problems.append(f"environment override for {dotted} has an invalid value {value!r}")
+        return
+    setattr(obj, leaf, coerced)
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config", env: dict[str, str] | None = None,
+                     overrides: dict[str, str] | None = None, check_files: bool = True) -> ExperimentConfig:
+    """Build, override (environment, then ``overrides`` by dotted path) and validate a config."""
+    problems: list[str] = []
+    cfg = _build(ExperimentConfig, data or {}, "", problems)
+    env = dict(os.environ) if env is None else env
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var):
+            _set(cfg, dotted, env[var], problems)
+    for dotted, value in (overrides or {}).items():
+        try:
+            _set(cfg, dotted, value, problems)
+        except (AttributeError, KeyError):
+            problems.append(f"--set {dotted}: no such setting")
+    if not problems:
+        problems = cfg.validate(check_files=check_files)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | os.PathLike, *, env: dict[str, str] | None = None,
+                overrides: dict[str, str] | None = None) -> ExperimentConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"no such config file: {path}"], str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+    cfg = config_from_dict(data, source=str(path), env=env, overrides=overrides)
+    if not cfg.logging.run_name:
+        cfg.logging.run_name = path.stem
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def describe(cls: type = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """``(dotted name, default, help)`` for every setting: the reference table in the docs."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, name + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((name, repr(default), f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,148 @@
+"""Retrieval quality through RAGAS.
+
+Without an LLM (the default; well under a millisecond a sample): RAGAS's ID-based context recall or
+precision, with the titles of the passages the trajectory retrieved as the retrieved context ids and the
+question's gold titles (``supporting_facts``) as the reference ids; or, when reference passages are known,
+RAGAS's non-LLM (string-similarity) context recall over their text.
+
+With a judge endpoint configured: the LLM-judged RAGAS metrics (``context_relevance``, ``faithfulness``,
+``context_precision`` without reference), through an ``AsyncOpenAI`` client of any OpenAI-compatible
+server, as RAGAS requires.
+
+A score is ``None`` ("not applicable") when the trajectory retrieved nothing that could be judged: no
+gold titles for the ID metrics, no contexts for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NON_LLM = ("id_recall", "id_precision", "text_recall")
+LLM = ("context_relevance", "faithfulness", "context_precision")
+METRICS = NON_LLM + LLM
+
+
+@dataclass
+class RetrievedContext:
+    """What a trajectory retrieved (from its search events) and what the question needed."""
+
+    question: str
+    answer: str
+    titles: list[str]
+    texts: list[str]
+    gold_titles: list[str]
+    reference_texts: list[str] | None = None
+
+
+@dataclass
+class LLMEndpoint:
+    base_url: str
+    model: str
+    api_key_env: str = "JUDGE_API_KEY"
+    timeout_s: float = 30.0
+
+
+class RetrievalQuality:
+    """One RAGAS metric, scored for a batch of trajectories."""
+
+    def __init__(self, metric: str = "id_recall", llm: LLMEndpoint | None = None, max_concurrency: int = 8):
+        if metric not in METRICS:
+            raise ValueError(f"unknown RAGAS metric {metric!r}; choose one of {', '.join(METRICS)}")
+        if metric in LLM and llm is None:
+            raise ValueError(f"the RAGAS metric {metric!r} needs a judge endpoint (judge.base_url)")
+        self.metric_name = metric
+        self.max_concurrency = max_concurrency
+        self.failures = 0
+        if metric == "id_recall":
+            from ragas.metrics import IDBasedContextRecall
+
+            self._metric = IDBasedContextRecall()
+        elif metric == "id_precision":
+            from ragas.metrics import IDBasedContextPrecision
+
+            self._metric = IDBasedContextPrecision()
+        elif metric == "text_recall":
+            from ragas.metrics import NonLLMContextRecall
+
+            self._metric = NonLLMContextRecall()
+        else:
+            self._metric = _llm_metric(metric, llm)
+
+    def score_batch(self, items: Sequence[RetrievedContext]) -> list[float | None]:
+        if self.metric_name in LLM:
+            return asyncio.run(self._llm_batch(items))
+        return [self._non_llm(item) for item in items]
+
+    def _non_llm(self, item: RetrievedContext) -> float | None:
+        from ragas.dataset_schema import SingleTurnSample
+
+        if self.metric_name == "text_recall":
+            if not item.reference_texts:
+                return None
+            sample = SingleTurnSample(retrieved_contexts=item.texts or [""],
+                                      reference_contexts=item.reference_texts)
+        else:
+            if not item.gold_titles:
+                return None
+            if not item.titles:
+                return 0.0
+            sample = SingleTurnSample(retrieved_context_ids=item.titles, reference_context_ids=item.gold_titles)
+        return float(self._metric.single_turn_score(sample))
+
+    async def _llm_batch(self, items: Sequence[RetrievedContext]) -> list[float | None]:
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(item: RetrievedContext) -> float | None:
+            if not item.texts:
+                return None
+            async with gate:
+                try:
+                    if self.metric_name == "context_relevance":
+                        result = await self._metric.ascore(user_input=item.question, retrieved_contexts=item.texts)
+                    else:
+                        result = await self._metric.ascore(user_input=item.question, response=item.answer or "",
+                                                           retrieved_contexts=item.texts)
+                    value = None if result.value is None else float(result.value)
+                except Exception:  # noqa: BLE001 - a failed judge call is counted, never a crash
+                    value = None
+                if value is None or math.isnan(value):  # RAGAS reports some failures as NaN
+                    self.failures += 1
+                    return None
+                return value
+
+        return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+def _llm_metric(metric: str, llm: LLMEndpoint):
+    from openai import AsyncOpenAI
+    from ragas.llms import llm_factory
+    from ragas.metrics.collections import ContextPrecisionWithoutReference, ContextRelevance, Faithfulness
+
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=os.environ.get(llm.api_key_env) or "unused",
+                         timeout=llm.timeout_s, max_retries=2)
+    judge = llm_factory(llm.model, client=client)
+    cls = {"context_relevance": ContextRelevance, "faithfulness": Faithfulness,
+           "context_precision": ContextPrecisionWithoutReference}[metric]
+    return cls(llm=judge)
+
+
+def contexts_from_events(events: Sequence[dict], question: str, answer: str | None, gold_titles: Sequence[str],
+                         passages: dict[str, str] | None = None) -> RetrievedContext:
+    """Collect what a trajectory retrieved from its search events (titles in order, deduplicated)."""
+    titles: list[str] = []
+    texts: list[str] = []
+    for e in events:
+        if e.get("type") != "search":
+            continue
+        for result in e.get("results", []):
+            for hit in result.get("hits", []):
+                title = hit.get("title", "")
+                if title and title not in titles:
+                    titles.append(title)
+                    texts.append(hit.get("text", "") or (passages or {}).get(title, title))
+    return RetrievedContext(question=question, answer=answer or "", titles=titles, texts=texts,
+                            gold_titles=list(gold_titles))

@@ -1,0 +1,1 @@
+"""Training: the GRPO trainer, model loading and the memory estimator (``memory.py``)."""

@@ -1,0 +1,77 @@
+"""Loading the policy for training: the base model (optionally 4-bit NF4), and the LoRA configuration.
+
+QLoRA: bitsandbytes NF4 with double quantisation and bf16 compute; ``bnb_4bit_quant_storage`` is bf16 so
+DeepSpeed ZeRO-3 can shard the packed 4-bit weights like any bf16 tensor. LoRA adapts every linear layer
+of the decoder by default. The reference policy for the KL term is this same model with the adapter
+disabled: no second copy is ever loaded.
+
+On CPUs with AVX512-BF16, bitsandbytes repacks a 4-bit weight into a CPU-friendly layout on the first
+eval-mode forward, and the next training step then fails on the repacked weight; every ``Linear4bit`` gets
+``support_avx512bf16_for_cpu = False`` so the weights stay in the layout training expects.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ..models import _hub_hint, torch_dtype
+
+log = logging.getLogger(__name__)
+
+
+def bnb_config() -> Any:
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
+
+
+def keep_4bit_layout_on_cpu(model: torch.nn.Module) -> int:
+    """Set ``support_avx512bf16_for_cpu = False`` on every bitsandbytes ``Linear4bit``; returns how many."""
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:  # pragma: no cover - bitsandbytes is pinned
+        return 0
+    n = 0
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
+
+
+def load_base_model(cfg: ModelConfig, *, device_map: Any = None) -> torch.nn.Module:
+    """The base model to put a LoRA adapter on, in training dtype (or NF4)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"attn_implementation": cfg.attn_implementation}
+    if cfg.quantization == "nf4":
+        kwargs["quantization_config"] = bnb_config()
+        kwargs["dtype"] = torch.bfloat16
+    else:
+        kwargs["dtype"] = torch_dtype(cfg.dtype)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(_hub_hint(cfg.name_or_path, exc)) from exc
+    if cfg.quantization == "nf4":
+        patched = keep_4bit_layout_on_cpu(model)
+        log.info("QLoRA: %d Linear4bit layers in NF4", patched)
+    model.config.use_cache = False  # training; generation turns the cache on for itself
+    return model
+
+
+def lora_config(cfg: ModelConfig) -> Any:
+    from peft import LoraConfig
+
+    targets: Any = cfg.lora_target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM", bias="none")

@@ -1,0 +1,212 @@
+"""The reward functions the trainer hands to TRL, built from the config's reward list.
+
+TRL calls each with ``(prompts, completions, completion_ids, **columns)``: the dataset's columns
+(``answers``, ``gold_titles``, ``options``...) and what the rollout returned (``trajectory``, a small view
+of each finished trajectory: answer, model-written text, events, finish reason). Each returns one float per
+completion, or ``None`` only where it does not apply (no gold titles to judge retrieval against). Each is
+logged by TRL under its own name (``rewards/<name>/mean``) and weighted by the config.
+
+The accuracy metrics are :mod:`agentic_rag.rewards.accuracy`'s, the same functions evaluation uses. The
+LLM judge, when it fails on a completion, says so in the logs (``rewards/judge/failures``) and falls back to
+the configured metric: it never silently scores 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config import ExperimentConfig, RewardSpec
+from ..rewards import accuracy
+from ..rewards.curriculum import Curriculum
+from ..rewards.format import check_format, open_at_prompt_end
+from ..rewards.rag import LLMEndpoint, RetrievalQuality, contexts_from_events
+from ..rollout.protocol import get_dialect
+
+log = logging.getLogger(__name__)
+
+Reward = Callable[..., list[float | None]]
+
+METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
+    "exact_match": accuracy.exact_match,
+    "f1": accuracy.f1_score,
+    "cover_em": accuracy.cover_exact_match,
+}
+
+
+def _answers(kwargs: dict[str, Any], n: int) -> list[list[str]]:
+    golds = kwargs.get("answers")
+    if golds is None:
+        raise ValueError("the training data has no 'answers' column: accuracy rewards need gold answers")
+    return [list(g) if isinstance(g, (list, tuple)) else [str(g)] for g in golds][:n]
+
+
+class _Named:
+    """A callable with the ``__name__`` TRL logs it under."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+
+class MetricReward(_Named):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.metric = METRICS[name]
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        golds = _answers(kwargs, len(trajectory))
+        return [self.metric(t["answer"], g) if t["answer"] is not None else 0.0
+                for t, g in zip(trajectory, golds, strict=True)]
+
+
+class ChoiceReward(_Named):
+    """MedQA: 1 when the answer picks the gold option (letter or option text)."""
+
+    def __init__(self):
+        super().__init__("choice")
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        letters = kwargs.get("answer_idx")
+        options = kwargs.get("options")
+        if letters is None or options is None:
+            raise ValueError("the choice reward needs 'answer_idx' and 'options' columns (MedQA)")
+        return [accuracy.choice_accuracy(t["answer"], [letter], opts)
+                for t, letter, opts in zip(trajectory, letters, options, strict=True)]
+
+
+class FormatReward(_Named):
+    def __init__(self, dialect: str, partial: bool = False, eos_tokens: Sequence[str] = ()):
+        super().__init__("format")
+        self.dialect = get_dialect(dialect)
+        self.partial = partial
+        self.eos_tokens = list(eos_tokens)
+
+    def report(self, t: dict[str, Any]):
+        return check_format(t["model_text"], t["events"], t["finish_reason"], self.dialect,
+                            eos_tokens=self.eos_tokens,
+                            open_at_start=open_at_prompt_end(t.get("prompt_tail", ""), self.dialect))
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        reports = [self.report(t) for t in trajectory]
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            for rule in ("balanced", "one_answer", "no_forged_tags", "searches_in_bounds", "nothing_after_answer",
+                         "memory_used_correctly"):
+                log_metric(f"format/{rule}", sum(rule in r.violations for r in reports) / max(1, len(reports)))
+        return [r.score(self.partial) for r in reports]
+
+
+class RetrievedReward(_Named):
+    """1 when the trajectory retrieved at least one passage (R1-Searcher's stage-1 incentive)."""
+
+    def __init__(self):
+        super().__init__("retrieval")
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        return [1.0 if retrieved(t) else 0.0 for t in trajectory]
+
+
+def retrieved(t: dict[str, Any]) -> bool:
+    return any(e.get("type") == "search" and any(r.get("hits") for r in e.get("results", [])) for e in t["events"])
+
+
+class RagasReward(_Named):
+    def __init__(self, metric: str, llm: LLMEndpoint | None):
+        super().__init__("ragas")
+        self.quality = RetrievalQuality(metric, llm)
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        golds = kwargs.get("gold_titles") or [[] for _ in trajectory]
+        items = [contexts_from_events(t["events"], t["question"], t["answer"], g)
+                 for t, g in zip(trajectory, golds, strict=True)]
+        return self.quality.score_batch(items)
+
+
+class JudgeReward(_Named):
+    """LLM-as-judge accuracy; a failed verdict falls back to ``fallback`` and is counted in the logs."""
+
+    def __init__(self, cfg: ExperimentConfig):
+        super().__init__("judge")
+        from ..rewards.judge import JudgeClient, JudgeSettings
+
+        self.client = JudgeClient(JudgeSettings(base_url=cfg.judge.base_url, model=cfg.judge.model,
+                                                api_key_env=cfg.judge.api_key_env, timeout_s=cfg.judge.timeout_s,
+                                                max_concurrency=cfg.judge.max_concurrency))
+        self.fallback = METRICS[cfg.judge.fallback]
+        self.fallback_name = cfg.judge.fallback
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        golds = _answers(kwargs, len(trajectory))
+        from ..rewards.judge import JudgeItem
+
+        items = [JudgeItem(t["question"], g, t["answer"]) for t, g in zip(trajectory, golds, strict=True)]
+        verdicts = self.client.judge_batch(items)
+        failed = sum(v is None for v in verdicts)
+        if failed:
+            log.warning("LLM judge failed on %d of %d completions; scored them with %s instead",
+                        failed, len(verdicts), self.fallback_name)
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            log_metric("rewards/judge/failures", float(failed))
+        return [float(v) if v is not None else self.fallback(t["answer"] or "", g)
+                for v, t, g in zip(verdicts, trajectory, golds, strict=True)]
+
+
+class CurriculumReward(_Named):
+    def __init__(self, cfg: ExperimentConfig, eos_tokens: Sequence[str]):
+        super().__init__("curriculum")
+        c = cfg.curriculum
+        self.curriculum = Curriculum(c.stage2_step, c.retrieval_bonus, c.format_penalty)
+        self.format = FormatReward(cfg.rollout.dialect, eos_tokens=eos_tokens)
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        state = kwargs.get("trainer_state")
+        step = int(getattr(state, "global_step", 0))
+        golds = _answers(kwargs, len(trajectory))
+        out = []
+        for t, g in zip(trajectory, golds, strict=True):
+            report = self.format.report(t)
+            out.append(self.curriculum.reward(step, format_ok=report.ok, format_score=report.score(),
+                                              retrieved=retrieved(t),
+                                              answer_f1=accuracy.f1_score(t["answer"], g) if t["answer"] else 0.0))
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            log_metric("curriculum/stage", float(self.curriculum.stage(step)))
+        return out
+
+
+def build_rewards(cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> tuple[list[Reward], list[float]]:
+    """The reward callables and their weights, from the config."""
+    if cfg.curriculum.enabled:
+        return [CurriculumReward(cfg, eos_tokens)], [1.0]
+    funcs: list[Reward] = []
+    weights: list[float] = []
+    for spec in cfg.rewards:
+        funcs.append(make_reward(spec, cfg, eos_tokens))
+        weights.append(spec.weight)
+    names = [f.__name__ for f in funcs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"reward names must be unique (they are logged by name); repeated: {sorted(dupes)}")
+    return funcs, weights
+
+
+def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> Reward:
+    params = dict(spec.params)
+    if spec.name in METRICS:
+        return MetricReward(spec.name)
+    if spec.name == "choice":
+        return ChoiceReward()
+    if spec.name == "format":
+        return FormatReward(cfg.rollout.dialect, partial=bool(params.get("partial", False)), eos_tokens=eos_tokens)
+    if spec.name == "retrieval":
+        return RetrievedReward()
+    if spec.name == "ragas":
+        metric = str(params.get("metric", "id_recall"))
+        llm = LLMEndpoint(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s) \
+            if cfg.judge.base_url else None
+        return RagasReward(metric, llm)
+    if spec.name == "judge":
+        return JudgeReward(cfg)
+    raise ValueError(f"unknown reward {spec.name!r}")

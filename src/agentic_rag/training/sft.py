@@ -1,0 +1,141 @@
+"""SFT warm start (RAG-R1 starts from SFT): TRL's SFTTrainer on trajectories, environment tokens masked.
+
+Input: a JSONL file of trajectories, one per line, in either form:
+
+* token level, as the rollout engine writes them (``Trajectory.to_dict()``): ``prompt_ids``,
+  ``completion_ids``, ``env_mask`` - exact, the masks are the engine's;
+* text level: ``{"question": ..., "completion": ...}`` where ``completion`` is the assistant's full text with
+  the observations inside the dialect's environment tags. The prompt is built like the trainer builds it;
+  each observation block is tokenized on its own and masked, the model's text around it is trained on.
+
+Each example becomes ``input_ids`` plus a ``completion_mask`` that is 1 only on tokens the model wrote, so
+TRL's ``completion_only_loss`` trains on exactly those. Branched trajectories (after a backtrack or
+summary) have no single linear context and are skipped, with a count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data.prompts import build_prompt
+from ..rollout.protocol import Dialect, get_dialect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTExample:
+    input_ids: list[int]
+    completion_mask: list[int]  # 1 = the model wrote it: trained on
+
+
+def example_from_tokens(row: dict[str, Any]) -> SFTExample | None:
+    prompt, completion, env = row["prompt_ids"], row["completion_ids"], row["env_mask"]
+    if len(completion) != len(env):
+        raise ValueError("completion_ids and env_mask differ in length")
+    segments = row.get("segments") or []
+    if any(int(s["parent"]) != i - 1 for i, s in enumerate(segments)):
+        return None
+    return SFTExample(list(prompt) + list(completion), [0] * len(prompt) + [int(m) for m in env])
+
+
+def example_from_text(row: dict[str, Any], tokenizer: Any, dialect: Dialect, *, language: str = "en",
+                      chat: bool | None = None) -> SFTExample:
+    prompt = build_prompt(tokenizer, row["question"], dialect, language=language, chat=chat)
+    ids, mask = list(prompt), [0] * len(prompt)
+    pattern = re.compile(r"\s*" + re.escape(dialect.observation_open) + r".*?" + re.escape(dialect.observation_close)
+                         + r"\s*", re.S)
+    text = row["completion"]
+    pos = 0
+    for m in pattern.finditer(text):
+        for piece, trained in ((text[pos:m.start()], 1), (m.group(0), 0)):
+            if piece:
+                part = tokenizer(piece, add_special_tokens=False)["input_ids"]
+                ids += part
+                mask += [trained] * len(part)
+        pos = m.end()
+    tail = text[pos:]
+    if tail:
+        part = tokenizer(tail, add_special_tokens=False)["input_ids"]
+        ids += part
+        mask += [1] * len(part)
+    if tokenizer.eos_token_id is not None and row.get("add_eos", True):
+        ids.append(tokenizer.eos_token_id)
+        mask.append(1)
+    return SFTExample(ids, mask)
+
+
+def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agentic", *, language: str = "en",
+                  chat: bool | None = None) -> tuple[list[SFTExample], int]:
+    """The examples of a trajectory file, and how many branched trajectories were skipped."""
+    d = get_dialect(dialect)
+    out: list[SFTExample] = []
+    skipped = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if "completion_ids" in row:
+                    ex = example_from_tokens(row)
+                elif "completion" in row and "question" in row:
+                    ex = example_from_text(row, tokenizer, d, language=language, chat=chat)
+                else:
+                    raise ValueError("a line needs prompt_ids/completion_ids/env_mask, or question/completion")
+            except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            if ex is None:
+                skipped += 1
+            else:
+                out.append(ex)
+    if not out:
+        raise ValueError(f"{path}: no usable trajectories ({skipped} branched ones skipped)")
+    return out, skipped
+
+
+def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
+            chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
+            lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
+            seed: int = 42, report_to: list[str] | None = None) -> dict[str, Any]:
+    """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
+    ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
+    ``full`` every weight fine-tuned."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from ..config import ModelConfig
+    from ..models import load_tokenizer, torch_dtype
+    from .model import lora_config
+
+    tokenizer = load_tokenizer(model, padding_side="right")
+    examples, skipped = read_examples(data, tokenizer, dialect, language=language, chat=chat)
+    dataset = Dataset.from_list([{"input_ids": e.input_ids, "completion_mask": e.completion_mask} for e in examples])
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype("auto"))
+    peft = None if full else lora_config(ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha,
+                                                     lora_dropout=0.0))
+    args = SFTConfig(output_dir=output_dir, num_train_epochs=epochs, learning_rate=learning_rate,
+                     per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
+                     seed=seed, save_strategy="no", logging_steps=1, report_to=report_to or [],
+                     use_cpu=not torch.cuda.is_available(), bf16=False)
+    trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
+    result = trainer.train()
+    if merge and not full:
+        trainer.model.merge_and_unload().save_pretrained(output_dir)
+    else:
+        trainer.save_model(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
+               "output_dir": output_dir, "adapter": not full and not merge, "merged": merge and not full,
+               "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
+                                                                                          for e in examples)}
+    Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

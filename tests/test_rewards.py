@@ -1,0 +1,199 @@
+"""Reward functions: format well-formedness, accuracy on real rollouts, curriculum, RAGAS, the judge's fallback."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import threading
+
+import pytest
+
+from agentic_rag.config import ExperimentConfig, JudgeConfig, RewardSpec
+from agentic_rag.rewards.curriculum import Curriculum
+from agentic_rag.rewards.format import RULES, check_format
+from agentic_rag.rewards.rag import RetrievalQuality, RetrievedContext, contexts_from_events
+from agentic_rag.rollout.protocol import ActionKind, get_dialect
+from agentic_rag.training.rewards import FormatReward, build_rewards, make_reward
+from conftest import shared
+
+AGENTIC = get_dialect("agentic")
+
+
+def fmt(text, events=(), finish="answer", dialect=AGENTIC, **kw):
+    return check_format(text, list(events), finish, dialect, **kw)
+
+
+SEARCH = {"type": "search", "queries": ["q"], "results": [{"query": "q", "hits": [{"docid": "1", "title": "T"}]}]}
+OBS = {"type": "observation", "tokens": 20, "truncated": False}
+
+
+def test_a_well_formed_trajectory():
+    text = "<think>plan</think><search>q</search><think>found it</think><answer>Paris</answer>"
+    report = fmt(text, [SEARCH, OBS])
+    assert report.ok and report.score() == 1.0 and report.score(partial=True) == 1.0
+
+
+@pytest.mark.parametrize("text, events, finish, rule", [
+    ("<think>a<search>q</think></search><answer>x</answer>", [], "answer", "balanced"),
+    ("<think>never closed<answer>x</answer>", [], "answer", "balanced"),
+    ("</think><answer>x</answer>", [], "answer", "balanced"),
+    ("<answer>x</answer><answer>y</answer>", [], "answer", "one_answer"),
+    ("<think>no answer at all</think>", [], "eos", "one_answer"),
+    ("<answer>  </answer>", [], "answer", "one_answer"),
+    ("<observation>fake</observation><answer>x</answer>", [], "answer", "no_forged_tags"),
+    ("<search>q</search>", [SEARCH, OBS], "max_searches", "searches_in_bounds"),
+    ("<search></search><answer>x</answer>", [{"type": "error", "kind": "empty_query"}], "answer",
+     "searches_in_bounds"),
+    ("<answer>x</answer> and some chatter", [], "answer", "nothing_after_answer"),
+    ("<backtrack></backtrack><answer>x</answer>", [{"type": "error", "kind": "nothing_to_backtrack"}], "answer",
+     "memory_used_correctly"),
+    ("<search>q</search><backtrack></backtrack><answer>x</answer>",
+     [SEARCH, OBS, {"type": "backtrack", "reason": ""}], "answer", "memory_used_correctly"),
+    ("<summary></summary><answer>x</answer>", [{"type": "summary", "text": ""}], "answer", "memory_used_correctly"),
+])
+def test_each_rule(text, events, finish, rule):
+    report = fmt(text, events, finish)
+    assert rule in report.violations and report.score() == 0.0
+    assert report.score(partial=True) == pytest.approx(1 - len(report.violations) / len(RULES))
+
+
+def test_memory_actions_earn_nothing_by_themselves():
+    plain = fmt("<search>q</search><answer>x</answer>", [SEARCH, OBS])
+    with_backtrack = fmt("<search>q</search><backtrack>wrong page</backtrack><search>r</search><answer>x</answer>",
+                         [SEARCH, OBS, {"type": "backtrack", "reason": "wrong page"}, SEARCH, OBS])
+    assert plain.score() == with_backtrack.score() == 1.0  # correct use costs nothing and pays nothing extra
+
+
+def r1_view(row, dialect):
+    """A trajectory view from a real R1-Searcher output: the model's text without the documents it was shown."""
+    text = row["gen_text_store"]
+    model_text = re.sub(r"<\|begin_of_documents\|>.*?<\|end_of_documents\|>", "", text, flags=re.S)
+    events, rest = [], model_text
+    while (action := dialect.parse_turn(rest)).kind is ActionKind.SEARCH:
+        events.append({"type": "search", "queries": list(action.queries), "results": [{"hits": [{"title": "x"}]}]})
+        rest = rest[rest.find(dialect.tool_tags[0].close) + len(dialect.tool_tags[0].close):]
+    return {"question": row["question"], "answer": dialect.extract_answer(text), "model_text": model_text,
+            "events": events, "finish_reason": "answer", "prompt_tail": "Assistant: <think>"}
+
+
+@pytest.fixture(scope="module")
+def r1_rows():
+    return [json.loads(line) for line in shared("r1-searcher/eval_results/hotpotqa_llama.jsonl").open()]
+
+
+def test_rewards_on_real_r1_searcher_rollouts(r1_rows):
+    d = get_dialect("r1-searcher")
+    views = [r1_view(r, d) for r in r1_rows]
+    answers = [[r["answer"]] for r in r1_rows]
+    cfg = ExperimentConfig()
+    cfg.rollout.dialect = "r1-searcher"
+    cover = make_reward(RewardSpec("cover_em"), cfg)(None, None, None, trajectory=views, answers=answers)
+    f1 = make_reward(RewardSpec("f1"), cfg)(None, None, None, trajectory=views, answers=answers)
+    em = make_reward(RewardSpec("exact_match"), cfg)(None, None, None, trajectory=views, answers=answers)
+    assert sum(cover) / len(cover) == pytest.approx(0.634, abs=1e-3)  # the paper's ACC_R-style number
+    assert sum(em) / len(em) == pytest.approx(0.582, abs=1e-3)
+    assert 0.65 < sum(f1) / len(f1) < 0.75
+    # the released model's output is well-formed under its own dialect (its prompt opened <think>)
+    fr = FormatReward("r1-searcher")
+    scores = fr(None, None, None, trajectory=views)
+    assert sum(scores) / len(scores) > 0.95
+    # ... and a real output with its documents left in is a forgery of the environment's tags
+    forged = dict(views[0], model_text=r1_rows[0]["gen_text_store"])
+    assert "no_forged_tags" in fr.report(forged).violations
+    assert sum(make_reward(RewardSpec("retrieval"), cfg)(None, None, None, trajectory=views)) == len(views)
+
+
+def test_curriculum_golden_values():
+    c = Curriculum(stage2_step=10, retrieval_bonus=0.5, format_penalty=-2.0)
+    assert c.reward(0, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 1.5
+    assert c.reward(9, format_ok=False, format_score=0.0, retrieved=True, answer_f1=0.3) == 0.5
+    assert c.reward(10, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 0.3
+    assert c.reward(11, format_ok=False, format_score=0.0, retrieved=False, answer_f1=1.0) == -2.0
+    cfg = ExperimentConfig()
+    cfg.curriculum.enabled = True
+    funcs, weights = build_rewards(cfg)
+    assert [f.__name__ for f in funcs] == ["curriculum"] and weights == [1.0]
+
+
+def test_ragas_non_llm_metrics_golden():
+    q = RetrievalQuality("id_recall")
+    items = [RetrievedContext("q", "a", ["A", "B", "C"], ["", "", ""], ["A", "D"]),
+             RetrievedContext("q", "a", [], [], ["A"]),
+             RetrievedContext("q", "a", ["A"], [""], [])]
+    assert q.score_batch(items) == [0.5, 0.0, None]
+    p = RetrievalQuality("id_precision")
+    assert p.score_batch(items[:1]) == [pytest.approx(1 / 3)]
+    events = [{"type": "search", "results": [{"hits": [{"title": "A", "text": "alpha"},
+                                                        {"title": "B", "text": "beta"}]}]},
+              {"type": "search", "results": [{"hits": [{"title": "A", "text": "alpha"}]}]}]
+    ctx = contexts_from_events(events, "q", "ans", ["A"])
+    assert ctx.titles == ["A", "B"] and ctx.texts == ["alpha", "beta"]
+
+
+class _FakeLLM(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint: answers every call with ``reply`` (or fails with ``status``)."""
+
+    reply = '{"rating": 2}'
+    status = 200
+    calls = 0
+
+    def do_POST(self):  # noqa: N802
+        type(self).calls += 1
+        self.rfile.read(int(self.headers["content-length"]))
+        if self.status != 200:
+            self.send_response(self.status)
+            self.end_headers()
+            return
+        body = {"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": type(self).reply}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def fake_llm():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeLLM)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _FakeLLM.reply, _FakeLLM.status, _FakeLLM.calls = '{"rating": 2}', 200, 0
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_ragas_llm_metric_through_an_openai_compatible_endpoint(fake_llm):
+    from agentic_rag.rewards.rag import LLMEndpoint
+
+    q = RetrievalQuality("context_relevance", LLMEndpoint(fake_llm, "judge", timeout_s=5))
+    items = [RetrievedContext("Who?", "A", ["T"], ["some passage"], []),
+             RetrievedContext("Who?", "A", [], [], [])]
+    assert q.score_batch(items) == [1.0, None]
+    assert _FakeLLM.calls >= 2 and q.failures == 0
+    _FakeLLM.status = 500
+    assert q.score_batch(items[:1]) == [None] and q.failures == 1  # counted, not crashed
+    with pytest.raises(ValueError, match="needs a judge endpoint"):
+        RetrievalQuality("faithfulness")
+
+
+def test_judge_reward_falls_back_and_says_so(fake_llm, caplog):
+    cfg = ExperimentConfig()
+    cfg.judge = JudgeConfig(base_url=fake_llm, model="judge", timeout_s=5, fallback="cover_em")
+    reward = make_reward(RewardSpec("judge"), cfg)
+    views = [{"question": "Capital?", "answer": "Paris, France"}, {"question": "Capital?", "answer": "Lyon"}]
+    logged = {}
+    kw = {"trajectory": views, "answers": [["Paris"], ["Paris"]], "log_metric": lambda k, v: logged.update({k: v})}
+    _FakeLLM.reply = "yes"
+    assert reward(None, None, None, **kw) == [1.0, 1.0]
+    assert logged["rewards/judge/failures"] == 0
+    _FakeLLM.reply = "I am not sure what you mean"  # garbage: no verdict
+    assert reward(None, None, None, **kw) == [1.0, 0.0]  # cover_em decides instead, never a silent 0
+    assert logged["rewards/judge/failures"] == 2
+    assert "LLM judge failed on 2 of 2 completions; scored them with cover_em" in caplog.text
+    _FakeLLM.status = 500
+    assert reward(None, None, None, **kw) == [1.0, 0.0]
