@@ -1,0 +1,64 @@
+"""What the chat server serves: a policy (base model + optional LoRA adapter), its tokenizer, a searcher,
+the dialect and the rollout limits, loaded from a :class:`~.config.ServerConfig`.
+
+Tests and benchmarks pass ``processors`` (a forcing processor makes a tiny random model search and answer
+on cue) or a whole ``policy``; everything else is loaded exactly as in production.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..rollout.decoding import Processor, SamplingParams
+from ..rollout.engine import AgentRollout, RolloutLimits
+from ..rollout.policy import HFPolicy, Policy
+from ..rollout.protocol import Dialect, get_dialect
+from ..search.types import Searcher
+from .config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChatAgent:
+    policy: Policy
+    tokenizer: Any
+    searcher: Searcher
+    dialect: Dialect
+    language: str = "en"
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    context_length: int | None = None  # the model's maximum positions, when it says
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, config: ServerConfig, *, processors: Sequence[Processor] = (), policy: Policy | None = None,
+             tokenizer: Any = None, searcher: Searcher | None = None) -> ChatAgent:
+        """Load the tokenizer, the model (+ adapter) and the searcher named by ``config``; given objects win."""
+        from ..models import load_causal_lm, load_tokenizer
+        from ..search import open_searcher
+
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+        context = None
+        if policy is None:
+            model = load_causal_lm(config.model, adapter=config.adapter or None, dtype=config.dtype,
+                                   device=config.device or None)
+            policy = HFPolicy(model, tokenizer, SamplingParams(temperature=1.0), return_logprobs=False,
+                              max_batch_size=config.max_batch, processors=processors)
+            context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+            log.info("loaded model %s%s", config.model, f" + adapter {config.adapter}" if config.adapter else "")
+        if searcher is None:
+            searcher = open_searcher(config.search_target, config.retriever)
+        limits = RolloutLimits(max_turns=config.max_turns, max_searches=config.max_searches,
+                               max_tokens_per_turn=config.max_tokens_per_turn,
+                               max_completion_tokens=config.max_tokens,
+                               passages_per_search=config.passages_per_search)
+        info = {"model": config.served_name, "base_model": config.model, "adapter": config.adapter or None,
+                "search": config.search_target, "retriever": None if config.search_url else config.retriever,
+                "dialect": config.dialect}
+        return cls(policy, tokenizer, searcher, get_dialect(config.dialect), config.language, limits, context, info)
+
+    def engine(self) -> AgentRollout:
+        return AgentRollout(self.policy, self.tokenizer, self.searcher, self.dialect, self.limits)

@@ -1,0 +1,61 @@
+"""Run the chat server: parse flags (defaults from the environment), check the whole config, load, serve.
+
+    python service/chat_server.py --model DIR [--adapter DIR] (--index DIR | --search-url URL) [...]
+    bash script/run_server.sh            # the same, with .env loaded first
+
+Every flag has an ``AGENTIC_RAG_CHAT_*`` environment variable (``--help`` lists them; ``.env_format``
+documents them). The config is checked as a whole before anything is loaded, so a typo costs no model
+load. One process, one worker: the model and the search index (its JVM) live in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .config import ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chat_server", description="OpenAI-compatible chat server for the search agent.",
+        epilog="Flags default to their AGENTIC_RAG_CHAT_* environment variables (see .env_format).")
+    ServerConfig.add_arguments(parser)
+    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
+                        help="logging level; env AGENTIC_RAG_LOG_LEVEL")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        config = ServerConfig.from_args(args)
+    except ValueError as exc:  # a malformed environment variable
+        print(f"chat_server: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    problems = config.problems()
+    if problems:
+        print("chat_server: invalid configuration:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from ..search.types import SearchError
+    from .agent import ChatAgent
+    from .app import create_app
+
+    try:
+        agent = ChatAgent.load(config)
+    except (FileNotFoundError, SearchError, ValueError) as exc:
+        print(f"chat_server: error: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(agent, config)
+    auth = "bearer token required" if config.api_token else "no auth (loopback only)" if not config.insecure_public \
+        else "NO AUTH, PUBLIC"
+    logging.getLogger(__name__).info("serving %r on http://%s:%d (%s)", config.served_name, config.host,
+                                     config.port, auth)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level.lower(), workers=1,
+                access_log=False, timeout_graceful_shutdown=10)
+    return 0

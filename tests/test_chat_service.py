@@ -1,0 +1,600 @@
+"""The chat service for real on 127.0.0.1: a tiny random-init Qwen2 model loaded by path (and a LoRA adapter),
+the real BM25 index over the 2Wiki subset, the uvicorn server in a thread, the openai SDK and plain HTTP.
+
+A random model never writes a search tag, so a forcing processor (:class:`ScriptedTurns`) makes it write
+scripted turns keyed by the question: it searches the real index and answers. Everything else (the
+decoder, stops, search, observation insertion, batching, streaming, cancellation) is the real thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentic_rag.serving.config import ServerConfig, env_names, is_loopback
+from agentic_rag.serving.forcing import ScriptedTurns, keyed_script
+from agentic_rag.serving.stream import AnswerSplitter, IncrementalDecoder, split_text
+from conftest import ROOT, free_port, tiny_qwen_config
+
+Q_HENRIETTE = "Who is Henriette Of France (1727–1752)'s maternal grandfather?"
+Q_SHANGHAI = "Who is the spouse of the director of film West Of Shanghai?"
+Q_SLOW = "Please think for a long time about nothing?"
+SCRIPTS = {
+    Q_HENRIETTE: ["<think>Her mother first.</think>\n<search>Henriette of France 1727 mother</search>",
+                  "<think>Marie Leszczyńska; now her father.</think>\n<search>Marie Leszczyńska father</search>",
+                  "<think>Her father was the king of Poland.</think>\n<answer> Stanisław Leszczyński </answer>"],
+    Q_SHANGHAI: ["<search>West of Shanghai director</search>",
+                 "<think>John Farrow directed it.</think><search>John Farrow spouse</search>",
+                 "<answer>Maureen O'Sullivan</answer>"],
+    "CUSTOM-SYSTEM": ["<answer>custom system seen</answer>"],
+    Q_SLOW: ["<think>" + "still thinking, " * 60 + "</think><answer>done</answer>"],
+}
+ANSWER = "Stanisław Leszczyński"
+CLIENT = ROOT / "service" / "chat_client.py"
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def model_dir(qwen_tokenizer, tmp_path_factory) -> Path:
+    """A tiny random-init Qwen2 and the real Qwen tokenizer, saved so the server loads them by path."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("chat_model")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_qwen_config(len(qwen_tokenizer))).save_pretrained(d)
+    qwen_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(model_dir, tmp_path_factory) -> Path:
+    """A LoRA adapter with non-zero weights (so it visibly changes the model), saved with peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    d = tmp_path_factory.mktemp("chat_adapter") / "tiny-lora"
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False))
+    peft_model.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def searcher(wiki_index):
+    from agentic_rag.search import open_searcher
+
+    return open_searcher(wiki_index, "bm25")
+
+
+@contextlib.contextmanager
+def serve(model_dir, wiki_index, searcher=None, *, step_delay_s: float = 0.0, **overrides):
+    """The chat server on a free 127.0.0.1 port in a thread; yields (base URL, app)."""
+    import uvicorn
+
+    from agentic_rag.models import load_tokenizer
+    from agentic_rag.serving.agent import ChatAgent
+    from agentic_rag.serving.app import create_app
+
+    settings = {"model": str(model_dir), "index": str(wiki_index), "port": free_port(), "passages_per_search": 2,
+                "max_batch": 4, **overrides}
+    config = ServerConfig(**settings)
+    assert config.problems() == []
+    tok = load_tokenizer(config.model)
+    agent = ChatAgent.load(config, processors=[ScriptedTurns(tok, keyed_script(SCRIPTS), step_delay_s=step_delay_s)],
+                           tokenizer=tok, searcher=searcher)
+    app = create_app(agent, config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "the chat server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{config.port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, wiki_index):
+    """The default server: loads the index by path itself; small prompt limit to test it."""
+    with serve(model_dir, wiki_index, max_prompt_tokens=1024, model_name="tiny-agent") as (url, app):
+        yield url, app
+
+
+@pytest.fixture(scope="module")
+def slow_server(model_dir, wiki_index, searcher):
+    """One request at a time (max batch 1, queue 1), each decoding step slowed to 20 ms."""
+    with serve(model_dir, wiki_index, searcher, step_delay_s=0.02, max_batch=1, queue_size=1, model_name="slow",
+               max_tokens_per_turn=512) as (url, app):
+        yield url, app
+
+
+def sdk(url: str, key: str = "unused"):
+    from openai import OpenAI
+
+    return OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def ask(question: str, **kw) -> dict:
+    return {"model": "tiny-agent", "messages": [{"role": "user", "content": question}], **kw}
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# -------------------------------------------------------------------------------------------- the SDK
+
+
+def test_openai_sdk_non_streaming_answer_and_trace(server, qwen_tokenizer):
+    from agentic_rag.data.prompts import build_prompt
+
+    url, _ = server
+    r = sdk(url).chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": Q_HENRIETTE}])
+    assert r.object == "chat.completion" and r.model == "tiny-agent" and r.id.startswith("chatcmpl-")
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and msg.content == ANSWER and r.choices[0].finish_reason == "stop"
+    reasoning = msg.model_extra["reasoning_content"]
+    assert "<search>Henriette of France 1727 mother</search>" in reasoning and ANSWER not in reasoning
+    trace = r.model_extra["agent_trace"]
+    assert trace["answer"] == ANSWER and trace["finish_reason"] == "answer"
+    assert trace["num_searches"] == 2 and trace["num_turns"] == 3
+    searches = [e for e in trace["events"] if e["type"] == "search"]
+    assert [s["queries"] for s in searches] == [["Henriette of France 1727 mother"], ["Marie Leszczyńska father"]]
+    first = [h["docid"] for h in searches[0]["results"][0]["hits"]]
+    second = [h["docid"] for h in searches[1]["results"][0]["hits"]]
+    assert first == ["3558", "976"]  # the real BM25 ranking: Henriette, then her mother
+    assert searches[0]["results"][0]["hits"][0]["title"] == "Henriette of France (1727–1752)"
+    assert len(second) == 2 and not set(first) & set(second)  # passages already shown are not repeated
+    # usage: the prompt is exactly the training prompt; completion counts the model's own tokens
+    assert r.usage.prompt_tokens == len(build_prompt(qwen_tokenizer, Q_HENRIETTE))
+    assert r.usage.completion_tokens == trace["model_tokens"] > 0 and trace["observation_tokens"] > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_openai_sdk_streaming_shows_searches_then_the_answer(server):
+    url, _ = server
+    client = sdk(url)
+    chunks = list(client.chat.completions.create(model="tiny-agent", stream=True,
+                                                 messages=[{"role": "user", "content": Q_HENRIETTE}],
+                                                 stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks) and len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content_at = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content]
+    events = [(c.model_extra or {}).get("agent_event") or {} for c in chunks]
+    search_at = [i for i, e in enumerate(events) if e.get("type") == "search"]
+    assert len(search_at) == 2 and content_at
+    assert max(search_at) < min(content_at), "search events arrive before the answer"
+    assert "".join(chunks[i].choices[0].delta.content for i in content_at) == ANSWER
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content", "")
+                        for c in chunks if c.choices)
+    final = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+    assert final.choices[0].finish_reason == "stop"
+    trace = final.model_extra["agent_trace"]
+    assert trace["answer"] == ANSWER and trace["reasoning"] == reasoning and trace["num_searches"] == 2
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == trace["model_tokens"]
+    # the non-streaming reply carries the same trace and the same reasoning
+    plain = client.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": Q_HENRIETTE}])
+    assert plain.choices[0].message.model_extra["reasoning_content"] == reasoning
+    assert plain.model_extra["agent_trace"]["events"] == trace["events"]
+
+
+def test_concurrent_requests_are_batched(server):
+    url, app = server
+    runs_before = app.state.scheduler.stats.runs
+    results: dict[str, str] = {}
+
+    def go(q):
+        r = sdk(url).chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": q}],
+                                             temperature=0.5)
+        results[q] = r.choices[0].message.content
+
+    threads = [threading.Thread(target=go, args=(q,)) for q in (Q_HENRIETTE, Q_SHANGHAI) * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {Q_HENRIETTE: ANSWER, Q_SHANGHAI: "Maureen O'Sullivan"}
+    stats = app.state.scheduler.stats
+    assert stats.runs - runs_before < 4, "four concurrent requests with the same settings share engine runs"
+    assert max(int(k) for k in stats.batch_sizes) > 1
+
+
+def test_models_health_and_multi_turn_with_a_client_system_message(server):
+    url, _ = server
+    client = sdk(url)
+    assert [m.id for m in client.models.list().data] == ["tiny-agent"]
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny-agent" and health["retriever"] == "bm25"
+    assert health["adapter"] is None and health["search"].endswith("wiki") and health["active"] == 0
+    assert health["scheduler"]["queue_size"] == 32 and health["scheduler"]["max_batch"] == 4
+    messages = [{"role": "system", "content": "You are terse. CUSTOM-SYSTEM"},
+                {"role": "user", "content": "First question?"}, {"role": "assistant", "content": "First answer."},
+                {"role": "user", "content": [{"type": "text", "text": "And the "},
+                                             {"type": "text", "text": "second?"}]}]
+    r = client.chat.completions.create(model="tiny-agent", messages=messages)
+    assert r.choices[0].message.content == "custom system seen"
+
+
+def test_sampling_settings_and_max_tokens_are_honoured(server):
+    url, _ = server
+    client = sdk(url)
+
+    def free(**kw):  # an unscripted question: the random model writes freely until max_tokens runs out
+        return client.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": "Free?"}],
+                                              max_tokens=12, **kw)
+
+    greedy = [free(temperature=0) for _ in range(2)]
+    sampled = [free(temperature=1.5) for _ in range(2)]
+    text = [r.choices[0].message.model_extra["reasoning_content"] for r in greedy + sampled]
+    assert text[0] == text[1] != "" and text[2] != text[3]
+    for r in greedy + sampled:
+        assert r.usage.completion_tokens <= 12 and r.choices[0].finish_reason == "length"
+        assert r.model_extra["agent_trace"]["finish_reason"] == "max_completion_tokens"
+
+
+def test_requests_with_other_sampling_settings_run_in_other_batches(qwen_tokenizer):
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.rollout import AgentRollout
+    from agentic_rag.rollout.scripted import ScriptedPolicy
+    from agentic_rag.serving.scheduler import Job, Scheduler
+    from agentic_rag.serving.schema import Sampling
+
+    tok = qwen_tokenizer
+    questions = [f"Group {n}?" for n in range(5)]
+    policy = ScriptedPolicy(tok, {q: [f"<answer>{q}</answer>"] for q in questions})
+    sched = Scheduler(AgentRollout(policy, tok, None), max_batch=2, queue_size=8)
+    done: dict[int, str] = {}
+    settings = [Sampling(1.0, 1.0, 64), Sampling(0.0, 1.0, 64), Sampling(1.0, 1.0, 64), Sampling(1.0, 1.0, 64),
+                Sampling(0.0, 1.0, 64)]
+    for n, (q, s) in enumerate(zip(questions, settings, strict=True)):
+        sched.submit(Job(build_prompt(tok, q), q, s, lambda kind, t, n=n: done.__setitem__(n, t.answer)))
+    sched.start()
+    wait_for(lambda: len(done) == 5, what="all five jobs")
+    sched.stop()
+    assert done == {n: q for n, q in enumerate(questions)}
+    # oldest first; same settings share a run, at most max_batch: [0, 2], [1, 4], [3]
+    assert policy.calls == [2, 2, 1] and sched.stats.batch_sizes == {2: 2, 1: 1}
+
+
+# ----------------------------------------------------------------------------------------- bad requests
+
+LONG = "x" * 40000
+BAD = [
+    ("not json", {}, 400, "malformed JSON body"),
+    ("[" * 100000 + "]" * 100000, {}, 400, "malformed JSON body"),
+    (r'{"model": "tiny-agent", "messages": [{"role": "user", "content": "hi \ud800"}]}', {}, 400,
+     "not valid Unicode"),
+    ('{"model": "tiny-agent", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', {}, 400,
+     "temperature must be between 0 and 2, got nan"),
+    ([1, 2], {}, 400, "must be a JSON object"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, {}, 400, "model is required"),
+    (ask("hi", model="gpt-4"), {}, 404, "does not exist"),
+    ({"model": "tiny-agent"}, {}, 400, "messages is required"),
+    ({"model": "tiny-agent", "messages": []}, {}, 400, "messages is empty"),
+    ({"model": "tiny-agent", "messages": "hi"}, {}, 400, "messages"),
+    ({"model": "tiny-agent", "messages": [{"content": "hi"}]}, {}, 400, "messages.0.role is required"),
+    ({"model": "tiny-agent", "messages": [{"role": "wizard", "content": "hi"}]}, {}, 400, "role must be one of"),
+    ({"model": "tiny-agent", "messages": [{"role": "tool", "content": "hi"}]}, {}, 400, "is not supported"),
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"},
+                                          {"role": "user", "content": "c"}]}, {}, 400, "may only come first"),
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}, {},
+     400, "alternate"),
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+     {}, 400, "last message must be from the user"),
+    ({"model": "tiny-agent", "messages": [{"role": "system", "content": "s"}]}, {}, 400, "no user message"),
+    ({"model": "tiny-agent", "messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]},
+     {}, 400, "'user' was expected"),
+    (ask("   "), {}, 400, "content is empty"),
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": None}]}, {}, 400, "content is missing"),
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     {}, 400, "only text parts"),
+    (ask(LONG), {}, 400, "40000 characters; the limit is 32000"),
+    (ask("谁 " * 3000), {}, 400, "the limit is 1024"),  # over max_prompt_tokens
+    ({"model": "tiny-agent", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}] * 40
+      + [{"role": "user", "content": "c"}]}, {}, 400, "the limit is 64"),
+    (ask("hi", max_tokens=0), {}, 400, "max_tokens must be between 1 and 4096"),
+    (ask("hi", max_tokens=5000), {}, 400, "max_tokens must be between 1 and 4096"),
+    (ask("hi", max_completion_tokens=-3), {}, 400, "max_completion_tokens must be between"),
+    (ask("hi", max_tokens="many"), {}, 400, "max_tokens"),
+    (ask("hi", temperature=-0.1), {}, 400, "temperature must be between 0 and 2"),
+    (ask("hi", temperature=2.5), {}, 400, "temperature must be between 0 and 2"),
+    (ask("hi", top_p=0), {}, 400, "top_p must be in (0, 1]"),
+    (ask("hi", top_p=1.5), {}, 400, "top_p must be in (0, 1]"),
+    (ask("hi", n=2), {}, 400, "n must be 1"),
+    (ask("hi", stop=["\n"]), {}, 400, "stop sequences are not supported"),
+    (ask("hi", tools=[{"type": "function", "function": {"name": "f"}}]), {}, 400, "tools are not supported"),
+    (ask("hi", stream_options={"include_usage": True}), {}, 400, "only allowed with stream"),
+    (ask("hi", stream="sometimes"), {}, 400, "stream"),
+]
+
+
+@pytest.mark.parametrize("body,headers,status,reason", BAD, ids=[f"{i}-{b[3][:24]}" for i, b in enumerate(BAD)])
+def test_every_bad_request_gets_a_4xx_with_a_reason(server, body, headers, status, reason):
+    url, _ = server
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(url + "/v1/chat/completions", content=content.encode(),
+                   headers={"content-type": "application/json", **headers})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert reason in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server):
+    import socket
+
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1073741824\r\n\r\n{")
+        data = b""
+        while b"request body over" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 413") and b"request body over" in data
+
+
+def test_bad_requests_through_the_sdk_and_the_server_keeps_serving(server):
+    import openai
+
+    url, _ = server
+    client = sdk(url)
+    with pytest.raises(openai.BadRequestError, match="temperature must be between 0 and 2"):
+        client.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": "hi"}], temperature=9)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert httpx.get(url + "/v1/nothing-here").status_code == 404
+    r = client.chat.completions.create(model="tiny-agent", messages=[{"role": "user", "content": Q_SHANGHAI}])
+    assert r.choices[0].message.content == "Maureen O'Sullivan"
+
+
+# ------------------------------------------------------------------------------------------------- auth
+
+
+def test_bearer_token_auth(model_dir, wiki_index, searcher):
+    import openai
+
+    with serve(model_dir, wiki_index, searcher, api_token="s3cret-token", model_name="secure") as (url, _):
+        body = {"model": "secure", "messages": [{"role": "user", "content": Q_SHANGHAI}]}
+        missing = httpx.post(url + "/v1/chat/completions", json=body)
+        assert missing.status_code == 401 and "missing bearer token" in missing.json()["error"]["message"]
+        assert missing.headers["www-authenticate"] == "Bearer"
+        wrong = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "invalid bearer token" in wrong.json()["error"]["message"]
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Basic s3cret-token"}).status_code == 401
+        assert httpx.get(url + "/v1/models").status_code == 401
+        right = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret-token"})
+        assert right.status_code == 200 and right.json()["choices"][0]["message"]["content"] == "Maureen O'Sullivan"
+        with pytest.raises(openai.AuthenticationError):
+            sdk(url, "wrong").models.list()
+        assert sdk(url, "s3cret-token").chat.completions.create(**body).choices[0].message.content
+        # /health answers without the token, but only with status and load
+        assert set(httpx.get(url + "/health").json()) == {"status", "uptime_s", "queue_depth", "active"}
+        full = httpx.get(url + "/health", headers={"Authorization": "Bearer s3cret-token"}).json()
+        assert full["model"] == "secure" and "scheduler" in full
+
+
+def test_no_token_means_loopback_only():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    public = ServerConfig(model="m", index="i", host="0.0.0.0")
+    assert any("refusing to bind '0.0.0.0' without an API token" in p for p in public.problems())
+    assert ServerConfig(model="m", index="i", host="0.0.0.0", api_token="t").problems() == []
+    assert ServerConfig(model="m", index="i", host="0.0.0.0", insecure_public=True).problems() == []
+
+
+def test_run_server_script_checks_the_whole_config_before_loading(tmp_path):
+    # set-but-empty variables also keep a developer's .env out of the way (the environment wins)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AGENTIC_RAG_CHAT_HOST": "0.0.0.0",
+           "AGENTIC_RAG_CHAT_MAX_BATCH": "0", "AGENTIC_RAG_CHAT_MODEL": "", "AGENTIC_RAG_CHAT_INDEX": "",
+           "AGENTIC_RAG_CHAT_SEARCH_URL": "", "AGENTIC_RAG_CHAT_API_TOKEN": "", "AGENTIC_RAG_CHAT_INSECURE_PUBLIC": ""}
+    r = subprocess.run(["bash", str(ROOT / "script" / "run_server.sh"), "--temperature", "3"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    for problem in ("--model (AGENTIC_RAG_CHAT_MODEL) is required", "exactly one of --index",
+                    "--max-batch must be >= 1", "--temperature must be in [0, 2]", "refusing to bind '0.0.0.0'"):
+        assert problem in r.stderr
+
+
+# ------------------------------------------------------------------------------ queue, disconnect, slots
+
+
+def _stream_lines(url: str, body: dict, seen: list, stop_after: int | None = None,
+                  hang_up: threading.Event | None = None) -> None:
+    """Read a stream's data lines into ``seen``; hang up after ``stop_after`` lines or once ``hang_up`` is set."""
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        seen.append(r.status_code)
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                seen.append(line)
+                if (stop_after is not None and len(seen) > stop_after) or (hang_up is not None and hang_up.is_set()):
+                    return  # leaving the block closes the connection mid-stream
+
+
+def test_full_queue_answers_429_with_retry_after(slow_server):
+    url, app = slow_server
+    sched = app.state.scheduler
+    body = {"model": "slow", "messages": [{"role": "user", "content": Q_SLOW}], "stream": True}
+    first: list = []
+    hang_up = threading.Event()
+    runner = threading.Thread(target=_stream_lines, args=(url, body, first), kwargs={"hang_up": hang_up})
+    runner.start()
+    wait_for(lambda: sched.active == 1, what="the first request to run")
+    second: dict = {}
+    waiter = threading.Thread(target=lambda: second.update(r=httpx.post(url + "/v1/chat/completions", timeout=60,
+                                                                         json={**body, "stream": False})))
+    waiter.start()
+    wait_for(lambda: sched.queue_depth == 1, what="the second request to queue")
+    full = httpx.post(url + "/v1/chat/completions", json=body)
+    assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+    assert int(full.headers["retry-after"]) >= 1
+    hang_up.set()  # the first client leaves; the queued request runs next
+    runner.join(60)
+    waiter.join(60)
+    assert second["r"].status_code == 200 and second["r"].json()["choices"][0]["message"]["content"] == "done"
+    assert sched.stats.rejected >= 1
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(slow_server):
+    url, app = slow_server
+    sched = app.state.scheduler
+    cancelled_before = sched.stats.finish_reasons["cancelled"]
+    body = {"model": "slow", "messages": [{"role": "user", "content": Q_SLOW}], "stream": True}
+    seen: list = []
+    _stream_lines(url, body, seen, stop_after=5)  # read a few chunks, then hang up
+    hung_up = time.time()
+    assert seen[0] == 200 and len(seen) == 6
+    wait_for(lambda: sched.stats.finish_reasons["cancelled"] == cancelled_before + 1, what="the cancellation")
+    # the whole reply takes ~185 steps x 20 ms; the cancelled one ended within a few steps of the hang-up
+    assert time.time() - hung_up < 1.5 and sched.active == 0
+    nxt = httpx.post(url + "/v1/chat/completions", json={**body, "stream": False, "messages": [
+        {"role": "user", "content": Q_SHANGHAI}]}, timeout=60)
+    assert nxt.status_code == 200 and nxt.json()["choices"][0]["message"]["content"] == "Maureen O'Sullivan"
+    # a plain (non-streaming) request whose client gives up is cancelled too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/chat/completions", json={**body, "stream": False}, timeout=0.5)
+    wait_for(lambda: sched.stats.finish_reasons["cancelled"] == cancelled_before + 2, what="the second cancellation")
+    health = httpx.get(url + "/health").json()
+    assert health["scheduler"]["finish_reasons"]["cancelled"] >= 2 and health["active"] == 0
+
+
+# --------------------------------------------------------------------------------------- adapter, client
+
+
+def test_lora_adapter_loads_and_serves(model_dir, adapter_dir, wiki_index, searcher, qwen_tokenizer):
+    import torch
+    from peft import PeftModel
+
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.models import load_causal_lm
+
+    with serve(model_dir, wiki_index, searcher, adapter=str(adapter_dir)) as (url, app):
+        policy = app.state.agent.policy
+        assert isinstance(policy.model, PeftModel)
+        ids = torch.tensor([build_prompt(qwen_tokenizer, "Adapter?")])
+        with torch.no_grad():
+            with_adapter = policy.model(ids).logits
+            base = load_causal_lm(str(model_dir))(ids).logits
+        assert (with_adapter - base).abs().max() > 1e-3, "the adapter changes the model"
+        assert [m.id for m in sdk(url).models.list().data] == ["tiny-lora"]  # named after the adapter
+        health = httpx.get(url + "/health").json()
+        assert health["adapter"] == str(adapter_dir)
+        r = sdk(url).chat.completions.create(model="tiny-lora", messages=[{"role": "user", "content": Q_SHANGHAI}])
+        assert r.choices[0].message.content == "Maureen O'Sullivan"
+
+
+def test_terminal_client_one_shot(server):
+    url, _ = server
+    r = subprocess.run([sys.executable, str(CLIENT), "--url", url, "--once", Q_HENRIETTE, "--trace"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ANSWER + "\n"
+    assert '[search] "Henriette of France 1727 mother" -> Henriette of France (1727–1752); Marie Leszczyńska' \
+        in r.stderr
+    assert "(2 searches, 3 turns, finish: answer)" in r.stderr
+    j = subprocess.run([sys.executable, str(CLIENT), "--url", url, "--once", Q_SHANGHAI, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    data = json.loads(j.stdout)
+    assert data["choices"][0]["message"]["content"] == "Maureen O'Sullivan" and data["agent_trace"]["num_searches"] == 2
+    bad = subprocess.run([sys.executable, str(CLIENT), "--url", url, "--once", "hi", "--model", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "HTTP 404" in bad.stderr
+
+
+def test_terminal_client_interactive_session(server):
+    url, _ = server
+    r = subprocess.run([sys.executable, str(CLIENT), "--url", url], input=f"{Q_SHANGHAI}\n/reset\n/quit\n",
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith(f"connected to {url} (tiny-agent)") and "\033[" not in out  # no colors off a terminal
+    assert '[search] "West of Shanghai director" -> West of Shanghai; James Tinling' in out
+    assert "answer:\nMaureen O'Sullivan\n" in out and "(conversation cleared)" in out
+
+
+def test_terminal_client_renders_a_stream(server):
+    import io
+
+    from agentic_rag.serving.client import ChatClient, Renderer, stream_reply
+
+    url, _ = server
+    out = io.StringIO()
+    client = ChatClient(url)
+    answer, trace = stream_reply(client, [{"role": "user", "content": Q_SHANGHAI}], Renderer(out, color=False))
+    client.close()
+    text = out.getvalue()
+    assert answer == "Maureen O'Sullivan" and trace["num_searches"] == 2
+    assert '[search] "West of Shanghai director" -> West of Shanghai; James Tinling\n' in text
+    assert text.index("[search]") < text.index("answer:\nMaureen O'Sullivan")
+    assert "<think>John Farrow directed it.</think>" in text and "(2 searches, 3 turns, finish: answer" in text
+
+
+# --------------------------------------------------------------------------------------- pure pieces
+
+
+def test_incremental_decoding_never_shows_half_characters(qwen_tokenizer):
+    tok = qwen_tokenizer
+    text = "Stanisław Leszczyński 谁是 🙂🙂 naïve — done. " * 5
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    dec = IncrementalDecoder(tok, window=6)
+    pieces = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_answer_splitter_is_the_same_whole_or_in_pieces():
+    text = "<think>a <answ</think>\n<answer>\n  Fred  ville \n</answer> tail <answer"
+    reasoning, content = split_text(text)
+    assert content == "Fred  ville"
+    assert reasoning == "<think>a <answ</think>\n tail <answer"
+    for size in (1, 2, 3, 7):
+        s = AnswerSplitter()
+        got = {"reasoning": "", "content": ""}
+        for k in range(0, len(text), size):
+            for channel, piece in s.feed(text[k:k + size]):
+                got[channel] += piece
+        for channel, piece in s.flush():
+            got[channel] += piece
+        assert (got["reasoning"], got["content"]) == (reasoning, content)
+
+
+def test_every_server_setting_is_documented_in_env_format():
+    documented = {line.split("=", 1)[0] for line in (ROOT / ".env_format").read_text().splitlines()
+                  if line and not line.startswith("#")}
+    missing = set(env_names()) - documented
+    assert not missing, f"document these in .env_format: {sorted(missing)}"
+    assert "AGENTIC_RAG_CHAT_URL" in documented
+
+
+def test_config_from_env_and_flags():
+    import argparse
+
+    env = {"AGENTIC_RAG_CHAT_PORT": "9100", "AGENTIC_RAG_CHAT_INSECURE_PUBLIC": "yes",
+           "AGENTIC_RAG_CHAT_MODEL": "/m"}
+    assert ServerConfig.from_env(env).port == 9100 and ServerConfig.from_env(env).insecure_public is True
+    parser = argparse.ArgumentParser()
+    ServerConfig.add_arguments(parser, env)
+    cfg = ServerConfig.from_args(parser.parse_args(["--port", "9200", "--max-batch", "2"]))
+    assert (cfg.port, cfg.max_batch, cfg.model, cfg.served_name) == (9200, 2, "/m", "m")
+    with pytest.raises(ValueError, match="AGENTIC_RAG_CHAT_PORT must be int"):
+        ServerConfig.from_env({"AGENTIC_RAG_CHAT_PORT": "eighty"})
