@@ -8,9 +8,11 @@ from agentic_rag.cli import build_parser
 from conftest import ROOT
 
 ENV_READ = re.compile(r"""(?:environ(?:\.get)?\(|environ\[|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")
-SHELL_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]+)(?::-[^}]*)?\}")
+SHELL_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]+):?-[^}]*\}")  # ${VAR:-default}: a variable read from outside
+# Set by the platform or by launchers, not by users: standard names, documented by their owners.
 SKIP = {"OPENAI_API_KEY", "VIRTUAL_ENV", "CONDA_PREFIX", "DEBIAN_FRONTEND", "PATH", "HOME",
-        "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"}
+        "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "WORLD_SIZE",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE"}
 
 
 def documented() -> set[str]:
@@ -19,7 +21,9 @@ def documented() -> set[str]:
 
 
 def read_by_code() -> set[str]:
-    names: set[str] = set()
+    from agentic_rag.config import ENV_OVERRIDES
+
+    names: set[str] = set(ENV_OVERRIDES)
     for path in list((ROOT / "src").rglob("*.py")) + list((ROOT / "service").rglob("*.py")):
         names |= set(ENV_READ.findall(path.read_text()))
     for path in (ROOT / "script").rglob("*.sh"):

@@ -15,6 +15,9 @@ import sys
 COMMAND_MODULES = [
     "agentic_rag.search.commands",
     "agentic_rag.data.commands",
+    "agentic_rag.training.memory_commands",
+    "agentic_rag.training.commands",
+    "agentic_rag.evaluation.commands",
 ]
 
 
