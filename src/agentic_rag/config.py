@@ -62,6 +62,7 @@ class DataConfig:
     train_file: str = _f("", "training questions (any format agentic-rag reads: JSONL or JSON list)")
     limit: int | None = _f(None, "use only the first N training questions")
     language: str = _f("en", "system prompt language: en or zh")
+    system_prompt: str = _f("", "replace the dialect's system prompt (empty: the dialect's own)")
 
 
 @dataclass
@@ -131,6 +132,8 @@ class AlgorithmConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping")
     mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by a limit from the loss "
                                                        "(default: True for dapo)")
+    shuffle_rewards: bool = _f(False, "control experiment: permute the rewards within each batch, which keeps "
+                                      "their distribution and destroys their signal")
 
 
 @dataclass
@@ -378,7 +381,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config", env: dict[
 
 
 def load_config(path: str | os.PathLike, *, env: dict[str, str] | None = None,
-                overrides: dict[str, str] | None = None) -> ExperimentConfig:
+                overrides: dict[str, str] | None = None, check_files: bool = True) -> ExperimentConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"no such config file: {path}"], str(path))
@@ -386,7 +389,7 @@ def load_config(path: str | os.PathLike, *, env: dict[str, str] | None = None,
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
-    cfg = config_from_dict(data, source=str(path), env=env, overrides=overrides)
+    cfg = config_from_dict(data, source=str(path), env=env, overrides=overrides, check_files=check_files)
     if not cfg.logging.run_name:
         cfg.logging.run_name = path.stem
     return cfg

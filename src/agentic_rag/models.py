@@ -5,6 +5,7 @@ LoRA configuration); both use :func:`load_tokenizer`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -22,12 +23,27 @@ def _hub_hint(name: str, exc: Exception) -> str:
     return f"cannot load {name!r} as {where}{extra}: {exc}"
 
 
+def _declares_generic_tokenizer(name_or_path: str) -> bool:
+    path = Path(name_or_path) / "tokenizer_config.json"
+    try:
+        declared = json.loads(path.read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return False
+    return declared in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path.parent / "tokenizer.json").is_file()
+
+
 def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
     """The tokenizer, with a pad token (the EOS token when the tokenizer has none)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        if _declares_generic_tokenizer(name_or_path):
+            # transformers 5 picks the model type's tokenizer class for a model directory (Qwen2Tokenizer
+            # for a qwen2 config) even when tokenizer_config.json names the generic class, and rebuilds a
+            # custom tokenizer.json (the quick start's word-level one) as byte-level BPE: honour the file.
+            tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        else:
+            tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
     if tok.pad_token_id is None:

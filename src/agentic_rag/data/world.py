@@ -12,8 +12,9 @@ Questions:
 * two-hop: "In which town is the guild that Dovan Kell works for based?" (the person's passage names the
   guild, the guild's passage names the town).
 
-Train and test questions are about disjoint people (and the two-hop test questions about disjoint
-guild links), so a model cannot pass the test by remembering training answers: it has to search.
+Train and test questions are about disjoint people, so a model cannot pass the test by remembering
+training answers: it has to search. People share given and family names, so a held-out person's name is a
+new combination of words the training names also use.
 """
 
 from __future__ import annotations
@@ -81,8 +82,15 @@ def generate_world(seed: int = 0, n_people: int = 240, n_guilds: int = 24, n_tow
         name = _unique(rng, lambda r: " ".join(r.sample(_GUILD_WORDS, 2)) + " Guild", taken)
         world.guilds[name] = {"based_in": rng.choice(towns), "founded": str(rng.randint(1200, 1890))}
     guilds = list(world.guilds)
+    # People share given names and family names (each pool about twice the square root of the population),
+    # as in any town: a full name is unique, but every word of it also belongs to other people. A model
+    # therefore cannot look a person up by one rare word, and the held-out people's names are made of words
+    # the training questions also use.
+    pool = max(4, round(2 * n_people ** 0.5))
+    given = [_unique(rng, lambda r: _syllables(r, 2).capitalize(), taken) for _ in range(pool)]
+    family = [_unique(rng, lambda r: _syllables(r, 1).capitalize(), taken) for _ in range(pool)]
     for _ in range(n_people):
-        name = _unique(rng, lambda r: f"{_syllables(r, 2).capitalize()} {_syllables(r, 1).capitalize()}", taken)
+        name = _unique(rng, lambda r: f"{r.choice(given)} {r.choice(family)}", taken)
         world.people[name] = {"born_in": rng.choice(towns), "works_for": rng.choice(guilds),
                               "trade": rng.choice(_TRADES)}
     return world
@@ -99,7 +107,12 @@ def questions(world: World, *, test_fraction: float = 0.25) -> tuple[list[dict],
     people = list(world.people)
     rng.shuffle(people)
     n_test = max(1, int(len(people) * test_fraction))
-    split = {"test": people[:n_test], "train": people[n_test:]}
+    test, train = people[:n_test], people[n_test:]
+    # every word of a held-out name also occurs in a training name (move the few exceptions to training)
+    train_words = {w for name in train for w in name.split()}
+    covered = [name for name in test if all(w in train_words for w in name.split())]
+    train += [name for name in test if name not in covered]
+    split = {"test": covered, "train": train}
     out: dict[str, list[dict]] = {"train": [], "test": []}
     for part, names in split.items():
         for i, name in enumerate(names):

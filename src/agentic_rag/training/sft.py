@@ -103,7 +103,7 @@ def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agent
 def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
             chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
             lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
-            seed: int = 42, report_to: list[str] | None = None) -> dict[str, Any]:
+            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned."""
@@ -124,7 +124,7 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
                                                      lora_dropout=0.0))
     args = SFTConfig(output_dir=output_dir, num_train_epochs=epochs, learning_rate=learning_rate,
                      per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
-                     seed=seed, save_strategy="no", logging_steps=1, report_to=report_to or [],
+                     seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
                      use_cpu=not torch.cuda.is_available(), bf16=False)
     trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
     result = trainer.train()

@@ -158,7 +158,8 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
         model, tokenizer=tokenizer, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
         tools=SearchTool(searcher), dialect=cfg.rollout.dialect, limits=limits, language=cfg.data.language,
         chat=cfg.model.chat_template, algorithm=cfg.algorithm.name, max_batch_size=cfg.rollout.max_batch_size,
-        summary_mode=cfg.rollout.summary_mode, peft_config=lora_config(cfg.model),
+        summary_mode=cfg.rollout.summary_mode, system=cfg.data.system_prompt or None,
+        shuffle_rewards=cfg.algorithm.shuffle_rewards, peft_config=lora_config(cfg.model),
         callbacks=[SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)]
         if log_dir else [])
     trainer_ref.append(trainer)

@@ -81,6 +81,8 @@ class AgentSettings:
     max_batch_size: int | None
     summary_mode: str
     processors: list  # decoding constraints for the rollout policy (see HFPolicy)
+    system: str | None = None  # replaces the dialect's system prompt
+    shuffle_rewards: bool = False  # the shuffled-reward control (see _calculate_rewards)
 
 
 @dataclass
@@ -121,7 +123,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
     def __init__(self, model, *, tokenizer, reward_funcs, args: GRPOConfig, train_dataset, tools,
                  dialect: str = "agentic", limits: RolloutLimits | None = None, language: str = "en",
                  chat: bool | None = None, algorithm: str = "grpo", max_batch_size: int | None = None,
-                 summary_mode: str = "replace", processors=(), peft_config=None, callbacks=None):
+                 summary_mode: str = "replace", processors=(), system: str | None = None,
+                 shuffle_rewards: bool = False, peft_config=None, callbacks=None):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -132,7 +135,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         # one attribute, so nothing collides with GRPOTrainer's own (it has a `tools` of its own, for one)
         self.agent = AgentSettings(tools=tools, dialect=dialect, limits=limits, language=language, chat=chat,
                                    algorithm=algorithm, max_batch_size=max_batch_size, summary_mode=summary_mode,
-                                   processors=list(processors))
+                                   processors=list(processors), system=system or None,
+                                   shuffle_rewards=shuffle_rewards)
+        self._shuffle_calls = 0
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
         self._last_trajectories: list[Trajectory] = []
@@ -150,7 +155,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
         ids = self._prompt_cache.get(question)
         if ids is None:
             a = self.agent
-            ids = build_prompt(self.processing_class, question, a.dialect, language=a.language, chat=a.chat)
+            ids = build_prompt(self.processing_class, question, a.dialect, language=a.language, chat=a.chat,
+                               system=a.system)
             self._prompt_cache[question] = ids
         return ids
 
@@ -213,6 +219,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.agent.shuffle_rewards:
+            # The control run: every completion gets the rewards of a random other completion of the batch
+            # (all reward functions permuted together). The batch's reward distribution, and so every logged
+            # reward mean, is unchanged; what is lost is which completion earned it. The permutation depends
+            # only on the seed and the call count, so all processes apply the same one to the gathered rows.
+            gen = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._shuffle_calls)
+            self._shuffle_calls += 1
+            rewards = rewards[torch.randperm(rewards.shape[0], generator=gen).to(rewards.device)]
         self._rewards_per_func = rewards
         return rewards
 

@@ -1,0 +1,401 @@
+"""The quick start: the whole product on the embedded default task, and proof that GRPO is what helps.
+
+    python -m agentic_rag.demo.quickstart --out outputs/quickstart [--seeds 3]
+
+(``script/quickstart.sh`` sets up the environment and runs this.) The steps, each skipped when its output
+is already complete, so a second run (or one after a crash) goes on where the last one stopped:
+
+1. generate the fictional world (:mod:`agentic_rag.data.world`) and build its BM25 index;
+2. make a word-level tokenizer and a tiny Qwen2 model from scratch (:mod:`agentic_rag.demo.tiny`);
+3. SFT warm start on scripted expert trajectories (:mod:`agentic_rag.demo.experts`): every one-hop
+   question answered from one search; two-hop questions mostly by a shortcut, sometimes by two searches;
+4. measure the SFT model on the held-out questions: greedy EM, and how often sampled rollouts already
+   search twice on two-hop questions (the behaviour GRPO has to find and reinforce);
+5. for each seed, GRPO from the SFT model (LoRA, exact-match + format reward, search mid-rollout), and
+   the control: the same run with the rewards shuffled within each batch;
+6. evaluate every run on the held-out questions, print the before/after table, write ``summary.json``,
+   ``reward_curve.png`` and the SwanLab offline logs.
+
+Runs go two at a time (one thread each) on a two-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("agentic_rag.quickstart")
+
+ROOT = Path(__file__).resolve().parents[3]
+TRAIN_CONFIG = ROOT / "experiments" / "training" / "world_grpo.yaml"
+SYSTEM_PROMPT = "Answer the question by searching."
+REWARD_WEIGHTS = {"em": 1.0, "format": 0.2}  # as in world_grpo.yaml: exact_match 1.0, format 0.2
+
+
+@dataclass
+class Settings:
+    out: Path
+    seeds: list[int]
+    world_seed: int = 0
+    two_hop_correct: float = 0.25  # share of two-hop expert trajectories that search twice
+    sft_epochs: float = 10
+    sft_learning_rate: float = 1e-3
+    grpo_steps: int | None = None  # None: the config's
+    workers: int = 2
+    behaviour_samples: int = 8  # sampled rollouts per held-out two-hop question
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def _done(path: Path) -> bool:
+    return path.exists()
+
+
+def _step(title: str) -> float:
+    print(f"== {title}", flush=True)
+    return time.perf_counter()
+
+
+def _rollout_limits():
+    """The rollout limits of world_grpo.yaml, so SFT data, training and evaluation see the same budgets."""
+    from ..config import load_config
+    from ..rollout import RolloutLimits
+
+    r = load_config(TRAIN_CONFIG, env={}, check_files=False).rollout
+    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
+                         max_completion_tokens=r.max_completion_tokens, passages_per_search=r.passages_per_search,
+                         max_observation_tokens=r.max_observation_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+def build_task(s: Settings) -> dict[str, str]:
+    from ..data.world import write_world
+    from ..search.build import build_index
+
+    paths = write_world(s.out / "world", seed=s.world_seed)
+    build_index(paths["corpus"], s.out / "index", bm25=True, progress=False)
+    return paths
+
+
+def task_texts(world) -> list[str]:
+    """Everything the task will show the model, for the tokenizer's vocabulary: passages, questions, the
+    prompt, the observation format and the dialect's tags."""
+    from ..data.world import questions
+    from ..rollout.protocol import get_dialect
+
+    train, test = questions(world)
+    d = get_dialect("agentic")
+    texts = [f"{p['title']} {p['text']}" for p in world.passages()]
+    texts += [q["question"] for q in train + test]
+    texts += [SYSTEM_PROMPT, "User: Assistant:", "(1) No new results.", "In which town is the based?"]
+    texts += [t for tag in d.tool_tags for t in (tag.open, tag.close)]
+    return texts
+
+
+def build_model(s: Settings) -> Path:
+    """Tokenizer (trained on everything the task will show the model) and the randomly initialised model."""
+    from ..data.world import generate_world
+    from .tiny import build_word_tokenizer, init_tiny_model
+
+    init = s.out / "init"
+    if _done(init / "config.json"):
+        return init
+    tok = build_word_tokenizer(task_texts(generate_world(s.world_seed)), s.out / "tokenizer")
+    return init_tiny_model(tok, init, seed=s.world_seed)
+
+
+def prompt_builder(tokenizer):
+    from ..data.prompts import build_prompt
+
+    return lambda question: build_prompt(tokenizer, question, "agentic", chat=False, system=SYSTEM_PROMPT)
+
+
+def sft(s: Settings, init: Path) -> Path:
+    from ..data.world import generate_world, questions
+    from ..models import load_tokenizer
+    from ..search import open_searcher
+    from ..training.sft import run_sft
+    from .experts import expert_questions, write_expert_trajectories
+
+    out = s.out / "sft"
+    if _done(out / "sft_summary.json"):
+        return out
+    world = generate_world(s.world_seed)
+    train, _ = questions(world)
+    people = sorted({q["supporting_facts"][0] for q in train})
+    rows = expert_questions(world, people, two_hop_correct=s.two_hop_correct, seed=s.world_seed)
+    tok = load_tokenizer(str(init))
+    info = write_expert_trajectories(rows, s.out / "sft_data.jsonl", tokenizer=tok,
+                                     searcher=open_searcher(s.out / "index"), prompt_ids=prompt_builder(tok),
+                                     limits=_rollout_limits())
+    if info["not_ending_as_scripted"] or info["unknown_tokens"]:
+        raise RuntimeError(f"expert trajectories are not what the scripts say: {info}")
+    print(f"   {info['trajectories']} expert trajectories: {info['by_kind']}", flush=True)
+    summary = run_sft(model=str(init), data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=False,
+                      full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=16,
+                      seed=s.world_seed, logging_steps=100)
+    summary["expert_trajectories"] = info
+    (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    return out
+
+
+def evaluate(s: Settings, name: str, model: Path, adapter: Path | None) -> dict[str, Any]:
+    """Greedy evaluation on the held-out questions (the evaluation runner, resumable)."""
+    from ..evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
+    from ..evaluation.runner import run_evaluation
+
+    limits = _rollout_limits()
+    out = s.out / "eval" / name
+    if _done(out / "summary.json"):
+        return json.loads((out / "summary.json").read_text())
+    cfg = EvalConfig(
+        name=name, dataset=DatasetSection(path=str(s.out / "world" / "test.jsonl")),
+        policy=PolicySection(type="local", model=str(model), adapter=str(adapter or ""), tokenizer=str(model),
+                             temperature=0.0, device="cpu"),
+        search=SearchSection(index=str(s.out / "index"), k=limits.passages_per_search),
+        rollout=RolloutSection(system_prompt=SYSTEM_PROMPT, chat_template=False, max_turns=limits.max_turns,
+                               max_searches=limits.max_searches, max_tokens_per_turn=limits.max_tokens_per_turn,
+                               max_completion_tokens=limits.max_completion_tokens,
+                               max_observation_tokens=limits.max_observation_tokens, batch_size=64),
+        metrics=["em", "f1", "format"], output_dir=str(out), seed=0)
+    return run_evaluation(cfg, progress=False, overwrite=True)
+
+
+def sampled_behaviour(s: Settings, model_dir: Path) -> dict[str, Any]:
+    """How the SFT model behaves when sampling (temperature 1, as GRPO rolls out) on held-out two-hop
+    questions: how often it searches twice, and how often it is then right."""
+    import torch
+
+    from ..data.world import generate_world, questions
+    from ..models import load_causal_lm, load_tokenizer
+    from ..rewards.accuracy import exact_match
+    from ..rollout import AgentRollout, HFPolicy, SamplingParams
+    from ..search import open_searcher
+
+    path = s.out / "eval" / "sft_sampled_behaviour.json"
+    if _done(path):
+        return json.loads(path.read_text())
+    torch.manual_seed(0)
+    _, test = questions(generate_world(s.world_seed))
+    two_hop = [q for q in test if q["hops"] == 2 for _ in range(s.behaviour_samples)]
+    tok = load_tokenizer(str(model_dir))
+    model = load_causal_lm(str(model_dir), device="cpu")
+    engine = AgentRollout(HFPolicy(model, tok, SamplingParams(temperature=1.0)), tok,
+                          open_searcher(s.out / "index"), "agentic", _rollout_limits())
+    build = prompt_builder(tok)
+    trajs = engine.run([build(q["question"]) for q in two_hop], [q["question"] for q in two_hop])
+    twice = [t.num_searches >= 2 for t in trajs]
+    right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0 for q, t in zip(two_hop, trajs,
+                                                                                                  strict=True)]
+    out = {"questions": len(two_hop) // s.behaviour_samples, "samples_per_question": s.behaviour_samples,
+           "two_searches_rate": sum(twice) / len(trajs),
+           "em_sampled": sum(right) / len(trajs),
+           "em_when_two_searches": (sum(r for r, t in zip(right, twice, strict=True) if t) / sum(twice))
+           if any(twice) else None,
+           "questions_with_a_right_sample": sum(
+               any(right[i * s.behaviour_samples:(i + 1) * s.behaviour_samples])
+               for i in range(len(two_hop) // s.behaviour_samples)) / max(1, len(two_hop) // s.behaviour_samples)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def grpo(s: Settings, sft_dir: Path, seed: int, control: bool) -> Path:
+    """One GRPO run in its own process (one thread); returns its output directory."""
+    name = f"seed{seed}-{'control' if control else 'grpo'}"
+    out = s.out / "runs" / name
+    if _done(out / "train_summary.json") and _done(out / "final" / "adapter_config.json"):
+        return out
+    sets = {"model.name_or_path": sft_dir, "model.tokenizer": sft_dir, "data.train_file": s.out / "world/train.jsonl",
+            "data.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
+            "seed": seed, "algorithm.shuffle_rewards": str(control).lower(), "logging.run_name": name,
+            "logging.swanlab_log_dir": s.out / "swanlog"}
+    if s.grpo_steps:
+        sets["algorithm.max_steps"] = s.grpo_steps
+    cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config", str(TRAIN_CONFIG), "--log-level", "WARNING"]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(out / "train.log", "w") as logf:
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = (out / "train.log").read_text()[-3000:]
+        raise RuntimeError(f"GRPO run {name} failed (exit {proc.returncode}); the end of {out / 'train.log'}:\n{tail}")
+    rewards = reward_curve(out)
+    print(f"   {name}: {len(rewards)} steps in {time.perf_counter() - started:.0f} s, reward "
+          f"{_mean(rewards[:5]):.3f} (first 5 steps) -> {_mean(rewards[-5:]):.3f} (last 5)", flush=True)
+    return out
+
+
+def reward_curve(run_dir: Path) -> list[float]:
+    """The logged mean reward per step (shuffling keeps the mean: the control's curve is its true reward)."""
+    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+    return [h["reward"] for h in history if "reward" in h]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def row(name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    m = summary["metrics"]
+    return {"model": name, "em": m["em"], "f1": m["f1"], "format": m["format"],
+            "searches": summary["searches_per_question"],
+            "reward": sum(w * (m[k] or 0.0) for k, w in REWARD_WEIGHTS.items())}
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    head = f"{'model':<22}{'EM':>7}{'F1':>7}{'format':>8}{'searches/q':>12}{'reward':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['model']:<22}{r['em']:>7.3f}{r['f1']:>7.3f}{r['format']:>8.3f}{r['searches']:>12.2f}"
+                     f"{r['reward']:>8.3f}")
+    return "\n".join(lines)
+
+
+def plot(curves: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, ys) in enumerate(curves.items()):
+        steps = range(1, len(ys) + 1)
+        style = "--" if "control" in name else "-"
+        color = colors[i % len(colors)]
+        # each step's batch holds only a few questions: the raw curve is faint, a 5-step mean drawn over it
+        ax.plot(steps, ys, linestyle=style, color=color, alpha=0.25, linewidth=1)
+        smooth = [_mean(ys[max(0, j - 4):j + 1]) for j in range(len(ys))]
+        ax.plot(steps, smooth, linestyle=style, color=color, label=name)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward of the batch (EM + 0.2 format)")
+    ax.set_title("Quick start: GRPO vs shuffled-reward control")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+def check_settings(s: Settings) -> None:
+    """Steps whose output exists are skipped, so an output directory must not mix settings: refuse to go on
+    in one made with other settings (adding seeds is fine)."""
+    import hashlib
+
+    mine = {"world_seed": s.world_seed, "two_hop_correct": s.two_hop_correct, "sft_epochs": s.sft_epochs,
+            "sft_learning_rate": s.sft_learning_rate, "grpo_steps": s.grpo_steps,
+            "train_config_sha256": hashlib.sha256(TRAIN_CONFIG.read_bytes()).hexdigest()}
+    path = s.out / "settings.json"
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        diff = sorted(k for k in mine if theirs.get(k) != mine[k])
+        if diff:
+            raise SystemExit(f"{s.out} holds a quick start made with other settings ({', '.join(diff)} differ): "
+                             f"pass another --out, or delete that directory to start over")
+    s.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine, indent=1))
+
+
+def run(s: Settings) -> dict[str, Any]:
+    from ..training.monitoring import watch_hint
+
+    check_settings(s)
+    t = _step(f"1. the fictional world (seed {s.world_seed}) and its BM25 index")
+    paths = build_task(s)
+    n_train = sum(1 for _ in open(paths["train"]))
+    n_test = sum(1 for _ in open(paths["test"]))
+    print(f"   {n_train} training and {n_test} held-out questions ({time.perf_counter() - t:.0f} s)")
+    t = _step("2. a word-level tokenizer and a tiny Qwen2 model, from scratch")
+    init = build_model(s)
+    t = _step("3. SFT warm start on scripted expert trajectories")
+    sft_dir = sft(s, init)
+    print(f"   ({time.perf_counter() - t:.0f} s)")
+    t = _step("4. the SFT model on the held-out questions")
+    before = evaluate(s, "sft", sft_dir, None)
+    behaviour = sampled_behaviour(s, sft_dir)
+    print(f"   greedy EM {before['metrics']['em']:.3f}; sampled on two-hop questions: searches twice in "
+          f"{behaviour['two_searches_rate']:.0%} of rollouts, right in {behaviour['em_sampled']:.0%}")
+    t = _step(f"5. GRPO with search mid-rollout, and the shuffled-reward control, seeds {s.seeds} "
+              f"({s.workers} at a time)")
+    jobs = [(seed, control) for seed in s.seeds for control in (False, True)]
+    with ThreadPoolExecutor(max_workers=s.workers) as pool:
+        dirs = dict(zip(jobs, pool.map(lambda j: grpo(s, sft_dir, *j), jobs), strict=True))
+    print(f"   ({time.perf_counter() - t:.0f} s)")
+    t = _step("6. evaluation on the held-out questions")
+    results: dict[tuple[int, bool], dict[str, Any]] = {}
+    for (seed, control), d in dirs.items():
+        results[seed, control] = evaluate(s, d.name, sft_dir, d / "final")
+    rows = [row("SFT (before)", before)]
+    for seed in s.seeds:
+        rows.append(row(f"GRPO seed {seed}", results[seed, False]))
+        rows.append(row(f"control seed {seed}", results[seed, True]))
+    print(table(rows))
+    curves = {f"{'control' if c else 'GRPO'} seed {seed}": reward_curve(dirs[seed, c]) for seed, c in jobs}
+    plot(curves, s.out / "reward_curve.png")
+    em_before = before["metrics"]["em"]
+    summary = {
+        "seeds": s.seeds,
+        "em_before": [em_before] * len(s.seeds),
+        "em_after": [results[seed, False]["metrics"]["em"] for seed in s.seeds],
+        "em_control": [results[seed, True]["metrics"]["em"] for seed in s.seeds],
+        "table": rows,
+        "sft_sampled_two_hop": behaviour,
+        "reward_first5_last5": {k: [_mean(v[:5]), _mean(v[-5:])] for k, v in curves.items()},
+        "held_out_questions": n_test,
+        "settings": {"world_seed": s.world_seed, "two_hop_correct": s.two_hop_correct, "sft_epochs": s.sft_epochs,
+                     "grpo_config": str(TRAIN_CONFIG.relative_to(ROOT)),
+                     "grpo_steps": len(next(iter(curves.values())))},
+        "reward_curve": str(s.out / "reward_curve.png"),
+        "swanlab_log_dir": str(s.out / "swanlog"),
+    }
+    (s.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    gains = [a - em_before for a in summary["em_after"]]
+    print(f"EM gain of GRPO over SFT per seed: {', '.join(f'{g:+.3f}' for g in gains)}; of the control: "
+          f"{', '.join(f'{c - em_before:+.3f}' for c in summary['em_control'])}")
+    print(f"reward curve: {s.out / 'reward_curve.png'}")
+    print(watch_hint(str(s.out / "swanlog")))
+    print(f"summary: {s.out / 'summary.json'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The quick start (see the module docstring).")
+    ap.add_argument("--out", default="outputs/quickstart", help="output directory (default: outputs/quickstart)")
+    ap.add_argument("--seeds", type=int, default=3, help="how many GRPO seeds (each with its control run)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (seeds are consecutive)")
+    ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the training config's)")
+    ap.add_argument("--workers", type=int, default=2, help="training runs at a time")
+    ap.add_argument("--sft-epochs", type=float, default=Settings.sft_epochs, help="SFT epochs over the expert data")
+    args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be >= 1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("bitsandbytes", "DeepSpeed", "deepspeed"):  # import-time notes about optional CPU kernels
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    s = Settings(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
+                 grpo_steps=args.steps, workers=max(1, args.workers), sft_epochs=args.sft_epochs)
+    started = time.perf_counter()
+    run(s)
+    print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

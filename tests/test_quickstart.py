@@ -1,0 +1,127 @@
+"""The quick start's pieces and the whole pipeline, small: tokenizer, expert data, the reward-shuffling control."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentic_rag.data.world import generate_world, questions
+from agentic_rag.demo.experts import expert_questions, write_expert_trajectories
+from agentic_rag.demo.quickstart import SYSTEM_PROMPT, task_texts
+from agentic_rag.demo.tiny import build_word_tokenizer, dialect_tags, init_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def world_tok(tmp_path_factory, world_dir):
+    world = generate_world(0)
+    train, _ = questions(world)
+    d = tmp_path_factory.mktemp("tok")
+    tok = build_word_tokenizer(task_texts(world), d / "tokenizer")
+    model_dir = init_tiny_model(tok, d / "model")
+    return world, train, tok, model_dir
+
+
+def test_word_tokenizer_round_trips_and_reloads_from_a_model_directory(world_tok):
+    from agentic_rag.models import load_tokenizer
+
+    world, train, tok, model_dir = world_tok
+    text = "<search> Amber Iron Guild </search> Where was Dovan Kell born? born in Brouford."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert all(len(tok(tag, add_special_tokens=False)["input_ids"]) == 1 for tag in dialect_tags())
+    for q in train[:20]:
+        assert tok.decode(tok(q["question"], add_special_tokens=False)["input_ids"]) == q["question"]
+    # a model directory with a qwen2 config: the word-level tokenizer must come back, not a byte-level BPE
+    again = load_tokenizer(str(model_dir))
+    assert again(text, add_special_tokens=False)["input_ids"] == ids
+    assert again.decode(ids).startswith("<search> Amber Iron Guild </search> Where was")
+
+
+def test_expert_trajectories_mask_observations_and_mix_two_hop_behaviour(world_tok, world_dir, tmp_path):
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.rollout import RolloutLimits
+    from agentic_rag.search import open_searcher
+
+    world, train, tok, _ = world_tok
+    people = sorted({q["supporting_facts"][0] for q in train})[:40]
+    rows = expert_questions(world, people, two_hop_correct=0.25, two_hop_samples=3, seed=0)
+    kinds = [r["kind"] for r in rows]
+    two = [k for k in kinds if k.startswith("guild_town")]
+    assert len(two) == 120 and 0.1 < kinds.count("guild_town/two_searches") / len(two) < 0.4
+    info = write_expert_trajectories(
+        rows, tmp_path / "sft.jsonl", tokenizer=tok, searcher=open_searcher(world_dir / "index"),
+        prompt_ids=lambda q: build_prompt(tok, q, "agentic", chat=False, system=SYSTEM_PROMPT),
+        limits=RolloutLimits(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=160,
+                             passages_per_search=1, max_observation_tokens=64))
+    assert info["not_ending_as_scripted"] == 0 and info["unknown_tokens"] == 0
+    lines = [json.loads(line) for line in open(tmp_path / "sft.jsonl")]
+    obs_open, obs_close = (tok.convert_tokens_to_ids(t) for t in ("<observation>", "</observation>"))
+    for line in lines:
+        ids, mask = line["completion_ids"], line["env_mask"]
+        inside = False
+        for i, m in zip(ids, mask, strict=True):
+            if i == obs_open:
+                inside = True
+            assert m == (0 if inside else 1), "observation tokens masked, every other token trained"
+            if i == obs_close:
+                inside = False
+        searches = tok.decode(ids).count("</search>")
+        assert searches == (2 if line["kind"] == "guild_town/two_searches" else 1)
+
+
+def test_shuffled_rewards_keep_the_batch_distribution_and_lose_the_pairing(monkeypatch):
+    from trl import GRPOTrainer
+
+    from agentic_rag.training.trainer import AgenticGRPOTrainer
+
+    rewards = torch.tensor([[float(i), float(10 * i)] for i in range(16)])
+    monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", lambda self, *a: rewards.clone())
+
+    def trainer(shuffle: bool, seed: int):
+        t = object.__new__(AgenticGRPOTrainer)
+        t.agent = type("A", (), {"shuffle_rewards": shuffle})()
+        t.args = type("Args", (), {"seed": seed})()
+        t._shuffle_calls = 0
+        return t
+
+    assert torch.equal(trainer(False, 0)._calculate_rewards(None, [], [], []), rewards)
+    t = trainer(True, 0)
+    first, second = (t._calculate_rewards(None, [], [], []) for _ in range(2))
+    for out in (first, second):
+        assert not torch.equal(out, rewards)
+        assert torch.equal(out[:, 1], 10 * out[:, 0]), "all reward functions permuted together"
+        assert sorted(out[:, 0].tolist()) == rewards[:, 0].tolist(), "the same rewards, so the same mean"
+    assert not torch.equal(first, second), "a new permutation every batch"
+    assert torch.equal(trainer(True, 0)._calculate_rewards(None, [], [], []), first), "reproducible from the seed"
+
+
+def test_quickstart_end_to_end_small(tmp_path):
+    """The real pipeline, shortened (1 seed, 2 GRPO steps, 1 SFT epoch): every artefact the README promises."""
+    out = tmp_path / "qs"
+    proc = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--seeds", "1",
+                           "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("em_before", "em_after", "em_control"):
+        assert len(summary[key]) == 1 and 0.0 <= summary[key][0] <= 1.0
+    assert summary["seeds"] == [0] and summary["settings"]["grpo_steps"] == 2
+    assert 0 <= summary["sft_sampled_two_hop"]["two_searches_rate"] <= 1
+    assert (out / "reward_curve.png").stat().st_size > 10_000
+    assert any((out / "swanlog").rglob("*")), "SwanLab offline logs"
+    for line in ("SFT (before)", "GRPO seed 0", "control seed 0", "swanlab watch", str(out / "summary.json")):
+        assert line in proc.stdout
+    for run in ("seed0-grpo", "seed0-control"):
+        assert (out / "runs" / run / "final" / "adapter_config.json").is_file()
+    # a second run finds everything done and does not train again
+    again = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--seeds", "1",
+                            "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=300)
+    assert again.returncode == 0 and json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
+    assert "steps in" not in again.stdout
