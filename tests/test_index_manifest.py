@@ -9,8 +9,10 @@ import pytest
 
 from agentic_rag.cli import main
 from agentic_rag.search import IndexMismatchError, IndexMissingError, open_searcher
-from agentic_rag.search.build import build_index, link_index
+from agentic_rag.search.build import build_index, link_index, open_docstore
+from agentic_rag.search.corpus import CorpusFormatError, build_corpus
 from agentic_rag.search.manifest import IndexManifest
+from conftest import shared
 
 
 def test_manifest_records_the_build(wiki_index, wiki_corpus):
@@ -140,10 +142,110 @@ def test_cli_index_build_info_and_errors(wiki_corpus, tmp_path, capsys):
     out = tmp_path / "cli_idx"
     assert main(["index", "build", "--corpus", str(wiki_corpus), "--out", str(out), "--bm25"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
-        "index": str(out), "passages": 345, "bm25": True, "dense": False}
+        "index": str(out), "passages": 345, "skipped": 0, "bm25": True, "dense": False}
     assert main(["index", "info", "--index", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["corpus"]["passages"] == 345
     assert main(["search", "--index", str(out), "--retriever", "dense", "Teutberga"]) == 2
     assert "no dense part" in capsys.readouterr().err
     assert main(["search", "--index", str(tmp_path / "none"), "Teutberga"]) == 2
     assert "agentic-rag index build" in capsys.readouterr().err
+
+
+def _pyserini_faiss_dir(wiki_index, dest):
+    """A Pyserini-style FAISS directory ('index' + 'docid') over the real MiniLM vectors of the test index,
+    rows reversed so that row number and docid disagree: only the docid file can pair them up."""
+    import faiss
+    import numpy as np
+
+    built = faiss.read_index(str(wiki_index / "dense" / "index.faiss"))
+    vectors = built.reconstruct_n(0, built.ntotal)  # the encoder's output for every passage, in corpus order
+    docids = [p.id for p in open_docstore(wiki_index, IndexManifest.load(wiki_index))]
+    order = np.arange(built.ntotal)[::-1]
+    index = faiss.IndexFlatIP(built.d)
+    index.add(np.ascontiguousarray(vectors[order]))
+    dest.mkdir()
+    faiss.write_index(index, str(dest / "index"))
+    (dest / "docid").write_text("".join(docids[i] + "\n" for i in order))
+    return dest, [docids[i] for i in order]
+
+
+def test_link_a_pyserini_faiss_directory_whose_text_comes_from_lucene(wiki_index, tmp_path):
+    fdir, docids = _pyserini_faiss_dir(wiki_index, tmp_path / "faiss")
+    linked = tmp_path / "linked"
+    m = link_index(linked, lucene=str(wiki_index / "bm25"), faiss_dir=str(fdir), dense_encoder="minilm",
+                   progress=False)
+    assert m.docstore is None and m.dense.docids == str(fdir / "docid") and m.dense.docs == 345
+    dense = open_searcher(linked, "dense")
+    hits = dense.search("Who was the wife of Lothair II?", 3)
+    assert [h.docid for h in hits] == ["4", "8", "6"]  # as from the index built here (test_searchers)
+    bm25 = open_searcher(linked, "bm25")
+    for h in hits:  # the text is Lucene's stored document for that docid
+        stored = bm25.doc(h.docid)
+        assert (h.title, h.text) == (stored.title, stored.text) and h.text
+    assert dense.search("soul music queen from Detroit", 1)[0].title == "Aretha Franklin"
+    assert [h.docid for h in open_searcher(linked, "hybrid").search("Who was the wife of Lothair II?", 3)] == \
+        ["8", "4", "6"]
+
+    (fdir / "docid").write_text("".join(d + "\n" for d in docids[:-1]))  # a row short
+    with pytest.raises(IndexMismatchError, match="names 344 rows but the FAISS index holds 345"):
+        link_index(tmp_path / "short", lucene=str(wiki_index / "bm25"), faiss_dir=str(fdir),
+                   dense_encoder="minilm", progress=False)
+    with pytest.raises(IndexMismatchError, match="names 344 rows"):  # found on opening too
+        open_searcher(linked, "dense")
+    (fdir / "docid").write_text("".join(f"no-such-{d}\n" for d in docids))
+    with pytest.raises(IndexMismatchError, match="which the Lucene index .* does not hold"):
+        link_index(tmp_path / "wrong", lucene=str(wiki_index / "bm25"), faiss_dir=str(fdir),
+                   dense_encoder="minilm", progress=False)
+
+
+def test_link_refuses_a_faiss_index_that_could_not_be_opened(wiki_index, tmp_path):
+    """No docid file and no --corpus: nothing pairs FAISS rows with Lucene documents; refused at link time."""
+    fdir = tmp_path / "faiss_no_docid"
+    fdir.mkdir()
+    shutil.copy(wiki_index / "dense" / "index.faiss", fdir / "index")
+    for faiss_arg in (fdir, wiki_index / "dense" / "index.faiss"):
+        with pytest.raises(ValueError, match="(?s)no 'docid' file.*Pass --corpus FILE"):
+            link_index(tmp_path / "x", lucene=str(wiki_index / "bm25"), faiss_dir=str(faiss_arg),
+                       dense_encoder="minilm", progress=False)
+    assert not (tmp_path / "x").exists()
+    assert main(["index", "link", "--out", str(tmp_path / "y"), "--lucene", str(wiki_index / "bm25"),
+                 "--faiss", str(fdir), "--dense-encoder", "minilm"]) == 2
+    with pytest.raises(FileNotFoundError, match="no FAISS index at"):
+        link_index(tmp_path / "x", lucene=str(wiki_index / "bm25"), faiss_dir=str(tmp_path / "nowhere"),
+                   dense_encoder="minilm", progress=False)
+
+
+def test_index_build_chunk_words_format_and_skip_bad_count_in_the_up_to_date_check(tmp_path, capsys, caplog):
+    kilt = tmp_path / "kilt3.jsonl"
+    kilt.write_text("".join(shared("r1-searcher/kilt_samples/filtered_kilt_sample_100.jsonl").open()
+                            .readlines()[:3]))
+    out = tmp_path / "kidx"
+
+    def build(*extra: str) -> dict:
+        assert main(["index", "build", "--corpus", str(kilt), "--out", str(out), *extra]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    def passages(chunk: int) -> int:
+        return build_corpus(kilt, tmp_path / f"c{chunk}.jsonl", chunk_size=chunk, progress=False).passages
+
+    assert build("--chunk-words", "50")["passages"] == passages(50)
+    assert IndexManifest.load(out).corpus["chunk_words"] == 50
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    with caplog.at_level("INFO"):
+        build("--chunk-words", "50", "--format", "kilt")  # auto resolved to kilt: the same index
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp and "up to date" in caplog.text
+    assert build("--chunk-words", "100")["passages"] == passages(100) < passages(50)  # rebuilt
+    assert open_searcher(out).search("first letter of the alphabet", 1)[0].title == "A"
+    with pytest.raises(CorpusFormatError):  # another format is not "up to date": it is read, and fails
+        build_index(kilt, out, fmt="pyserini-jsonl", progress=False)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "\\"One\\"\\nfirst passage"}\n{"id": "2"}\n'
+                   '{"id": "3", "contents": "\\"Three\\"\\nthird passage"}\n')
+    out = tmp_path / "bidx"
+    assert main(["index", "build", "--corpus", str(bad), "--out", str(out), "--skip-bad"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out.strip().splitlines()[-1])["skipped"] == 1 and "skipped 1" in printed.err
+    with pytest.raises(CorpusFormatError, match="bad.jsonl:2"):  # without --skip-bad: rebuilt, and it fails
+        build_index(bad, out, progress=False)
+    assert open_searcher(out).search("third passage", 1)[0].docid == "3"  # the old index is still there

@@ -3,18 +3,53 @@
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
+import string
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
+import uvicorn
 
 from agentic_rag.search import SearchError, open_searcher
 from agentic_rag.search.client import HTTPSearcher, SearchRequestError
+from agentic_rag.search.jvm import set_max_clause_count
+from agentic_rag.search.server import ServerLimits, create_app
+from agentic_rag.search.types import MAX_QUERY_CHARS, PartialSearchError
 from conftest import free_port
+
+
+def many_terms_query() -> str:
+    """~1200 distinct 2-3 letter terms in 4096 characters: over Lucene's default 1024 clauses (as in
+    test_searchers.py)."""
+    terms = ["".join(t) for n in (2, 3) for t in itertools.product(string.ascii_lowercase, repeat=n)]
+    return " ".join(terms)[:MAX_QUERY_CHARS]
+
+
+@contextmanager
+def serve_in_thread(searcher, limits: ServerLimits | None = None) -> Iterator[str]:
+    """``create_app(searcher)`` on a real uvicorn server on 127.0.0.1, in this process (its JVM, so a test can
+    change Lucene's settings); yields the base URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(searcher, limits=limits), host="127.0.0.1",
+                                           port=free_port(), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            pytest.fail("the in-process search server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +116,63 @@ def test_bad_requests_get_4xx_with_a_reason(server, path, body, status, reason):
     assert r.status_code == status and reason in r.json()["detail"]
 
 
+def test_a_batch_mixing_good_and_bad_queries(server, local_bm25):
+    """Defined behaviour: a query that breaks a request limit rejects the whole request before any search
+    (422 naming it); a query the backend cannot answer fails alone (see the in-process test below)."""
+    r = httpx.post(server + "/batch_search", json={"queries": ["Teutberga", "x" * 5000, "Lothair II"], "k": 2})
+    assert r.status_code == 422 and "queries[1] is 5000 characters" in r.json()["detail"]
+    big = many_terms_query()  # more terms than Lucene's default clause limit: answered, with the others
+    r = httpx.post(server + "/batch_search", json={"queries": ["Teutberga", big, "Lothair II"], "k": 2})
+    assert r.status_code == 200 and "errors" not in r.json()
+    results = r.json()["results"]
+    assert [h["docid"] for h in results[0]] == [h.docid for h in local_bm25.search("Teutberga", 2)]
+    assert len(results[1]) == 2
+    assert [h["docid"] for h in results[2]] == [h.docid for h in local_bm25.search("Lothair II", 2)]
+
+
+def test_a_query_the_backend_cannot_answer_fails_alone(local_bm25):
+    """With Lucene's default clause limit (1024) the many-terms query fails in Lucene: only that query fails;
+    requests batched with it, and the other queries of its own request, are answered."""
+    bad, good = many_terms_query(), ["Teutberga", "Lothair II"]
+    expected = [[h.docid for h in local_bm25.search(q, 3)] for q in good]
+    previous = set_max_clause_count(1024)
+    try:
+        with serve_in_thread(local_bm25) as url:
+            r = httpx.post(url + "/batch_search", json={"queries": [good[0], bad, good[1]], "k": 3})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert [[h["docid"] for h in hits] for hits in body["results"]] == [expected[0], [], expected[1]]
+            assert body["errors"][0] is None and body["errors"][2] is None
+            assert "TooManyClauses" in body["errors"][1]
+            r = httpx.post(url + "/search", json={"query": bad, "k": 3})
+            assert r.status_code == 422 and "TooManyClauses" in r.json()["detail"]
+
+            # concurrent requests, batched together by the server as they arrive: the good ones all succeed
+            statuses: dict[str, list[int]] = {"good": [], "bad": []}
+
+            def send(kind: str, query: str) -> None:
+                statuses[kind].append(httpx.post(url + "/search", json={"query": query, "k": 3}, timeout=60)
+                                      .status_code)
+
+            threads = [threading.Thread(target=send, args=("bad", bad) if n % 3 == 0 else ("good", good[n % 2]))
+                       for n in range(12)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert statuses == {"good": [200] * 8, "bad": [422] * 4}
+
+            with HTTPSearcher(url, cache_size=10) as client:  # the client raises for the failed query only
+                with pytest.raises(PartialSearchError, match="TooManyClauses") as err:
+                    client.batch_search([good[0], bad, good[1]], 3)
+                assert [None if h is None else [x.docid for x in h] for h in err.value.results] == \
+                    [expected[0], None, expected[1]]
+                assert client.search(good[1], 3)[0].docid == expected[1][0] and client.requests == 1  # cached
+            assert httpx.get(url + "/health").json()["query_errors"] >= 6
+    finally:
+        set_max_clause_count(previous)
+
+
 def test_malformed_and_oversized_bodies(server):
     r = httpx.post(server + "/search", content=b'{"query": "x", "k": ', headers={"content-type": "application/json"})
     assert r.status_code == 422 and "malformed JSON" in r.json()["detail"]
@@ -92,8 +184,27 @@ def test_malformed_and_oversized_bodies(server):
     assert httpx.get(server + "/nope").status_code == 404
 
 
+def test_a_chunked_body_over_the_limit_is_refused(server):
+    """No content-length header (chunked transfer): the limit holds on the bytes received."""
+
+    def chunks(total: int, size: int = 64 << 10):
+        yield b'{"query": "'
+        for _ in range(total // size):
+            yield b"x" * size
+        yield b'", "k": 1}'
+
+    r = httpx.post(server + "/search", content=chunks(6 << 20), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 413 and "body over" in r.json()["detail"]
+    # a small chunked body is read whole and answered
+    r = httpx.post(server + "/search", content=iter([b'{"query": "Teutb', b'erga", "k": 1}']),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["hits"][0]["docid"] == "0"
+
+
 def test_garbage_queries_are_answered(server):
-    for q in ["\udc80\udcff lone surrogates", "\u0000\u0001 nulls", "🙂 中文 ∑", "((( AND OR", "the of and"]:
+    for q in ["\udc80\udcff lone surrogates", "\u0000\u0001 nulls", "🙂 中文 ∑", "((( AND OR", "the of and",
+              many_terms_query()]:
         body = json.dumps({"query": q, "k": 3})  # json.dumps escapes lone surrogates as \\udc80
         r = httpx.post(server + "/search", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 200, (q, r.text)
@@ -144,16 +255,46 @@ def test_client_cache_answers_repeats_without_requests(server):
 
 
 def test_client_rejects_4xx_without_retrying(server):
-    with HTTPSearcher(server, cache_size=0, retries=3) as s:
-        with pytest.raises(SearchRequestError, match="k must be between 1 and 100"):
-            s.search("Teutberga", 1000)
+    with HTTPSearcher(server + "/nope", cache_size=0, retries=3) as s:
+        with pytest.raises(SearchRequestError, match="HTTP 404"):
+            s.search("Teutberga", 3)
         assert s.requests == 1
 
 
+def test_client_caps_k_and_batches_at_the_servers_limits(local_bm25, caplog):
+    """The rollout engine asks k = passages + 20; a server started with a smaller --max-k (or --max-batch)
+    answers the client with at most max_k hits instead of a 422 on every search."""
+    with serve_in_thread(local_bm25, ServerLimits(max_k=5, max_batch=2)) as url:
+        assert httpx.post(url + "/search", json={"query": "Teutberga", "k": 23}).status_code == 422
+        with HTTPSearcher(url, cache_size=0) as s, caplog.at_level("WARNING"):
+            assert s.search("Teutberga", 23) == local_bm25.search("Teutberga", 5)
+            queries = ["Teutberga", "Lothair II", "Aretha Franklin", "Detroit", "Waldrada"]
+            assert s.batch_search(queries, 23) == local_bm25.batch_search(queries, 5)
+            assert s.requests == 1 + 3  # five queries in requests of at most two
+        assert "serves at most k=5" in caplog.text
+
+
+def test_open_searcher_url_cache_size(flaky):
+    """cache_size=0 means no cache, for a URL too; left out, a URL gets the default cache."""
+    s = open_searcher(flaky, cache_size=0)
+    assert s.cache.maxsize == 0
+    s.search("q", 1)
+    s.search("q", 1)
+    assert _Flaky.seen == 2
+    assert open_searcher(flaky).cache.maxsize == 10000
+    with pytest.raises(ValueError, match="cache_size must be >= 0"):
+        open_searcher(flaky, cache_size=-1)
+
+
 class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A stand-in server: ``failures`` 503s first (with ``retry_after`` if set), then answers, or answers 200
+    with ``raw_body`` (bytes, as given) when that is set."""
+
     failures = 0
     delay = 0.0
     seen = 0
+    retry_after: str | None = None
+    raw_body: bytes | None = None
 
     def do_POST(self):  # noqa: N802
         type(self).seen += 1
@@ -163,8 +304,17 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
             type(self).failures -= 1
             self.send_response(503)
             self.send_header("content-type", "application/json")
+            if self.retry_after is not None:
+                self.send_header("retry-after", self.retry_after)
             self.end_headers()
             self.wfile.write(b'{"detail": "busy"}')
+            return
+        if self.raw_body is not None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(self.raw_body)))
+            self.end_headers()
+            self.wfile.write(self.raw_body)
             return
         body = {"results": [[{"docid": "d", "title": q, "text": "t", "score": 1.0}] for q in n["queries"]]}
         try:
@@ -183,7 +333,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
 def flaky():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    _Flaky.failures, _Flaky.delay, _Flaky.seen = 0, 0.0, 0
+    _Flaky.failures, _Flaky.delay, _Flaky.seen, _Flaky.retry_after, _Flaky.raw_body = 0, 0.0, 0, None, None
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
 
@@ -203,6 +353,22 @@ def test_client_gives_up_after_bounded_retries(flaky):
             pytest.raises(SearchError, match="failed after 3 attempts: HTTP 503: busy"):
         s.search("q", 1)
     assert _Flaky.seen == 3
+
+
+def test_client_caps_retry_after_at_the_request_timeout(flaky):
+    _Flaky.failures, _Flaky.retry_after = 1, "30"
+    with HTTPSearcher(flaky, timeout=0.5, retries=1, backoff=0.01, cache_size=0) as s:
+        t = time.time()
+        assert s.search("q", 1)[0].title == "q"
+        assert 0.5 <= time.time() - t < 5 and _Flaky.seen == 2  # waited the 0.5 s timeout, not 30 s
+
+
+@pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", b"", b'["a", "list"]', b"\xff\xfe not utf-8"])
+def test_a_200_reply_that_is_not_a_json_object_raises_search_error(flaky, body):
+    _Flaky.raw_body = body
+    with HTTPSearcher(flaky, retries=0, cache_size=0) as s, \
+            pytest.raises(SearchError, match="HTTP 200 with a body that is not a JSON object"):
+        s.search("q", 1)
 
 
 def test_client_times_out(flaky):

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
+import string
 import threading
+from contextlib import contextmanager
 
 import pytest
 
-from agentic_rag.search import Hit, Searcher, open_searcher
+from agentic_rag.search import CachedSearcher, Hit, Searcher, open_searcher
 from agentic_rag.search.build import build_index
 from agentic_rag.search.hybrid import HybridSearcher, rrf_fuse, weighted_fuse
+from agentic_rag.search.jvm import MAX_CLAUSES, set_max_clause_count
+from agentic_rag.search.types import MAX_QUERY_CHARS, PartialSearchError, QueryError
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,61 @@ def test_bm25_batch_equals_single_and_keeps_order(bm25):
 def test_bm25_odd_queries_return_lists_not_errors(bm25, query):
     hits = bm25.search(query, 5)
     assert isinstance(hits, list) and len(hits) <= 5
+
+
+def many_terms_query() -> str:
+    """A query under the length limit with ~1200 distinct 2-3 letter terms: more BM25 clauses than Lucene's
+    default limit of 1024 (it raised IndexSearcher$TooManyClauses before the JVM start raised the limit)."""
+    terms = ["".join(t) for n in (2, 3) for t in itertools.product(string.ascii_lowercase, repeat=n)]
+    return " ".join(terms)[:MAX_QUERY_CHARS]
+
+
+@contextmanager
+def lucene_clause_limit(n: int):
+    """Lucene's process-wide clause limit set to ``n`` (1024 is Lucene's own default), then restored."""
+    previous = set_max_clause_count(n)
+    try:
+        yield
+    finally:
+        set_max_clause_count(previous)
+
+
+def test_a_query_with_more_terms_than_lucenes_default_clause_limit_is_answered(bm25):
+    query = many_terms_query()
+    assert len(query) <= MAX_QUERY_CHARS and len(set(query.split())) > 1100
+    assert set_max_clause_count(MAX_CLAUSES) == MAX_CLAUSES  # what the JVM start set (not Lucene's 1024)
+    assert len(bm25.search(query, 5)) == 5
+    both = bm25.batch_search([query, "Teutberga queen of Lotharingia"], 3)
+    assert len(both[0]) == 3 and ids(both[1]) == ["0", "4", "7"]
+
+
+def test_a_query_lucene_rejects_fails_alone_and_the_batch_is_answered(bm25, dense):
+    """With Lucene's default clause limit the many-terms query is rejected: alone it raises QueryError, in a
+    batch only it fails (Lucene's own batch call fails every query) and the others keep their hits."""
+    bad = many_terms_query()
+    good = ["Teutberga queen of Lotharingia", "Aretha Franklin"]
+    expected = [bm25.search(q, 3) for q in good]
+    hybrid = HybridSearcher(bm25, dense)
+    expected_fused = [hybrid.search(q, 3) for q in good]
+    with lucene_clause_limit(1024):
+        with pytest.raises(QueryError, match="TooManyClauses"):
+            bm25.search(bad, 3)
+        with pytest.raises(PartialSearchError, match=r"1 of 4 queries.*queries\[1\].*TooManyClauses") as err:
+            bm25.batch_search([good[0], bad, "", good[1]], 3)
+        assert err.value.results == [expected[0], None, [], expected[1]]
+        assert [e is None for e in err.value.errors] == [True, False, True, True]
+
+        with pytest.raises(PartialSearchError) as err:  # hybrid: the other queries are still fused
+            hybrid.batch_search([good[0], bad, good[1]], 3)
+        fused = err.value.results  # ids: a batch encodes with other padding, so dense scores differ in ulps
+        assert fused[1] is None and [ids(fused[0]), ids(fused[2])] == [ids(h) for h in expected_fused]
+
+        cached = CachedSearcher(bm25, 100)  # the answered queries are cached, the failed one is not
+        with pytest.raises(PartialSearchError) as err:
+            cached.batch_search([good[0], bad, good[0]], 3)
+        assert err.value.results == [expected[0], None, expected[0]] and err.value.errors[1] is not None
+        assert cached.cache.stats()["size"] == 1 and cached.search(good[0], 3) == expected[0]
+    assert len(bm25.search(bad, 3)) == 3  # the limit is back
 
 
 def test_bm25_is_safe_from_many_python_threads(bm25):

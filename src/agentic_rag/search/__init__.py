@@ -7,7 +7,16 @@ This package knows no model; everything above it (tools, rollout, evaluation, se
 
 from .cache import CachedSearcher
 from .index import RETRIEVERS, open_searcher
-from .types import Hit, IndexMismatchError, IndexMissingError, Searcher, SearchError, clean_query
+from .types import (
+    Hit,
+    IndexMismatchError,
+    IndexMissingError,
+    PartialSearchError,
+    QueryError,
+    Searcher,
+    SearchError,
+    clean_query,
+)
 
-__all__ = ["RETRIEVERS", "CachedSearcher", "Hit", "IndexMismatchError", "IndexMissingError", "SearchError",
-           "Searcher", "clean_query", "open_searcher"]
+__all__ = ["RETRIEVERS", "CachedSearcher", "Hit", "IndexMismatchError", "IndexMissingError", "PartialSearchError",
+           "QueryError", "SearchError", "Searcher", "clean_query", "open_searcher"]

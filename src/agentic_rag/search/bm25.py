@@ -9,7 +9,10 @@ from pathlib import Path
 
 from .docstore import passage_from_record
 from .jvm import run_in_jvm
-from .types import Hit, IndexMismatchError, clean_query
+from .types import Hit, IndexMismatchError, QueryError, SearchError, clean_query, isolate_failures
+
+# Java exceptions that blame the query, not the index or the JVM.
+_QUERY_FAULTS = ("TooManyClauses", "TooManyNestedClauses", "ParseException")
 
 
 def _hit_from_lucene(docid: str, score: float, document) -> Hit:
@@ -26,6 +29,12 @@ def _hit_from_lucene(docid: str, score: float, document) -> Hit:
         p = passage_from_record({"id": docid, "contents": contents})
         return Hit(docid, p.title, p.text, float(score))
     return Hit(docid, "", "", float(score))
+
+
+def _java_reason(exc: BaseException) -> str:
+    """The first line of a Java exception ('org...IndexSearcher$TooManyClauses: maxClauseCount is ...')."""
+    text = str(exc).removeprefix("JVM exception occurred: ").strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class BM25Searcher:
@@ -62,15 +71,23 @@ class BM25Searcher:
         return self.batch_search([query], k)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        """Hits per query, in order. A query Lucene cannot answer fails alone (:class:`PartialSearchError`
+        carries the others' hits); Lucene's own batch call would otherwise fail every query with it."""
         cleaned = [clean_query(q) for q in queries]
-        return run_in_jvm(self._batch_search, cleaned, k)
+        return isolate_failures(lambda qs, k_: run_in_jvm(self._batch_search, qs, k_), cleaned, k)
 
     def _batch_search(self, queries: list[str], k: int) -> list[list[Hit]]:
         results: list[list[Hit]] = [[] for _ in queries]
         todo = [i for i, q in enumerate(queries) if q]
         if len(todo) == 1:
             i = todo[0]
-            hits = self._searcher.search(queries[i], k)
+            try:
+                hits = self._searcher.search(queries[i], k)
+            except Exception as exc:  # jnius.JavaException: say which query and why, in one line
+                reason = _java_reason(exc)
+                error = QueryError if any(f in reason for f in _QUERY_FAULTS) else SearchError
+                shown = queries[i] if len(queries[i]) <= 80 else queries[i][:80] + "..."
+                raise error(f"Lucene could not answer the query {shown!r}: {reason}") from None
             results[i] = [_hit_from_lucene(h.docid, h.score, h.lucene_document) for h in hits]
         elif todo:
             qids = [str(i) for i in todo]

@@ -164,11 +164,17 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
                 skip_bad: bool = False, chunk_size: int = 100, threads: int | None = None,
                 k1: float = 0.9, b: float = 0.4, faiss_type: str = "flat", query_prefix: str = "",
                 passage_prefix: str = "", force: bool = False, progress: bool = True) -> IndexManifest:
-    """Build (or reuse, when up to date) the index directory ``out`` from ``corpus``."""
+    """Build (or reuse, when up to date) the index directory ``out`` from ``corpus``.
+
+    Up to date means the same corpus file, read the same way (format, ``chunk_size`` for KILT pages,
+    ``skip_bad``), with the same parts and parameters: see :func:`_stale_reason`.
+    """
     if not bm25 and not dense_encoder:
         raise ValueError("nothing to build: pass --bm25 and/or --dense-encoder PATH")
     if language not in LANGUAGES:
         raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+    if chunk_size < 1:
+        raise ValueError(f"--chunk-words must be >= 1, got {chunk_size}")
     corpus, out = Path(corpus), Path(out)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus file not found: {corpus}")
@@ -182,16 +188,15 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
     if not force and (out / MANIFEST).is_file():
         try:
             old = IndexManifest.load(out)
-            same = (old.corpus.get("sha256") == file_sha256(corpus) and bool(old.bm25) == bm25
-                    and old.language == language
-                    and (old.bm25 is None or (old.bm25.k1, old.bm25.b) == (k1, b))
-                    and (encoder is None) == (old.dense is None)
-                    and (encoder is None or old.dense.encoder_fingerprint == encoder_fingerprint(encoder.path)))
-            if same:
-                log.info("index at %s is up to date (same corpus and parts); use --force to rebuild", out)
-                return old
         except (IndexMismatchError, IndexMissingError):
-            pass
+            old = None
+        stale = "its manifest cannot be read" if old is None else _stale_reason(
+            old, corpus, bm25=bm25, encoder=encoder, language=language, fmt=fmt, skip_bad=skip_bad,
+            chunk_size=chunk_size, k1=k1, b=b)
+        if old is not None and stale is None:
+            log.info("index at %s is up to date (same corpus, options and parts); use --force to rebuild", out)
+            return old
+        log.info("rebuilding the index at %s: %s", out, stale)
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,6 +208,8 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
                              docstore={"jsonl": "corpus", "offsets": "offsets"}, versions=backend_versions())
     manifest.corpus["format"] = stats.format
     manifest.corpus["skipped"] = stats.skipped
+    manifest.corpus["skip_bad"] = skip_bad
+    manifest.corpus["chunk_words"] = chunk_size
     if bm25:
         n = build_lucene(tmp / "corpus", tmp / "bm25", language=language, threads=threads, progress=progress,
                          expected_docs=stats.passages)
@@ -229,6 +236,35 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
     return manifest
 
 
+def _stale_reason(old: IndexManifest, corpus: Path, *, bm25: bool, encoder, language: str, fmt: str,
+                  skip_bad: bool, chunk_size: int, k1: float, b: float) -> str | None:
+    """Why the index ``old`` is not what this build would make (None: it is, nothing to do).
+
+    Corpus options count only where they change the passages: the format as resolved (``auto`` is what
+    the file's first record says), the chunk size for KILT pages only, and ``--skip-bad`` only if the old
+    build skipped records (a corpus with no bad record reads the same either way).
+    """
+    from .corpus import detect_format
+
+    if old.corpus.get("sha256") != file_sha256(corpus):
+        return "the corpus file changed"
+    resolved = detect_format(corpus) if fmt == "auto" else fmt
+    if old.corpus.get("format") != resolved:
+        return f"corpus format {old.corpus.get('format')} -> {resolved}"
+    if resolved == "kilt" and old.corpus.get("chunk_words", 100) != chunk_size:
+        return f"chunk size {old.corpus.get('chunk_words', 100)} -> {chunk_size} words"
+    if old.corpus.get("skipped", 0) and not skip_bad:
+        return f"the old build skipped {old.corpus['skipped']} malformed record(s) and --skip-bad is off"
+    if old.language != language:
+        return f"language {old.language} -> {language}"
+    if bool(old.bm25) != bm25 or (old.bm25 is not None and (old.bm25.k1, old.bm25.b) != (k1, b)):
+        return "the BM25 part or its k1/b differ"
+    if (encoder is None) != (old.dense is None) or (
+            encoder is not None and old.dense.encoder_fingerprint != encoder_fingerprint(encoder.path)):
+        return "the dense part or its encoder differ"
+    return None
+
+
 def _write_all_offsets(index_dir: Path) -> None:
     (index_dir / "offsets").mkdir(exist_ok=True)
     for shard in sorted((index_dir / "corpus").glob("passages-*.jsonl")):
@@ -243,15 +279,29 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
 
     ``lucene``: a Lucene index directory (e.g. a Pyserini prebuilt one). ``faiss_dir``: a Pyserini FAISS
     index directory (``index`` + ``docid`` files) or a ``.faiss`` file, with the ``dense_encoder`` it was
-    built with. Passage text comes from ``corpus`` when given (normalised into a docstore here), otherwise
-    from the Lucene index's stored raw documents.
+    built with. Passage text comes from ``corpus`` when given (normalised into a docstore here, FAISS row i
+    = passage i), otherwise from the stored documents of ``lucene``, found by the ``docid`` file's names.
+    Every combination that could not be opened afterwards is refused here, with what to pass instead.
     """
     if not lucene and not faiss_dir:
         raise ValueError("nothing to link: pass --lucene DIR and/or --faiss DIR")
     if faiss_dir and not dense_encoder:
         raise ValueError("--faiss needs --dense-encoder: the encoder the FAISS index was built with")
-    if faiss_dir and not (corpus or lucene):
-        raise ValueError("--faiss needs passage text: pass --corpus FILE or --lucene DIR")
+    index_file = docid_file = None
+    if faiss_dir:
+        fpath = Path(faiss_dir).resolve()
+        index_file = fpath / "index" if fpath.is_dir() else fpath
+        if not index_file.is_file():
+            raise FileNotFoundError(f"no FAISS index at {index_file} (--faiss takes a Pyserini FAISS directory "
+                                    f"with 'index' + 'docid' files, or a FAISS index file)")
+        docid_file = fpath / "docid" if fpath.is_dir() and (fpath / "docid").is_file() else None
+        if not corpus and docid_file is None:
+            raise ValueError(f"--faiss {faiss_dir} needs passage text: it has no 'docid' file naming its rows, so "
+                             f"the documents of --lucene cannot be matched to them. Pass --corpus FILE, the corpus "
+                             f"the FAISS index was built from (row i = passage i)")
+        if not corpus and not lucene:
+            raise ValueError(f"--faiss {faiss_dir} needs passage text: pass --lucene DIR (the Lucene index that "
+                             f"stores the documents its 'docid' file names) or --corpus FILE")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest = IndexManifest(corpus={"path": None, "sha256": None, "size": None, "passages": None},
@@ -263,22 +313,21 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
         _write_all_offsets(out)
         manifest.corpus = corpus_record(corpus, stats.passages)
         manifest.docstore = {"jsonl": "corpus", "offsets": "offsets"}
+    bm25 = None
     if lucene:
         from .bm25 import BM25Searcher
 
         lucene_path = Path(lucene).resolve()
-        docs = BM25Searcher(lucene_path, k1=k1, b=b, language=language).num_docs
+        bm25 = BM25Searcher(lucene_path, k1=k1, b=b, language=language)
+        docs = bm25.num_docs
         manifest.bm25 = BM25Part(path=str(lucene_path), docs=docs, external=True, k1=k1, b=b)
         if manifest.corpus["passages"] is None:
             manifest.corpus["passages"] = docs
-    if faiss_dir:
+    if index_file is not None:
         import faiss
 
         from .dense import resolve_encoder
 
-        fpath = Path(faiss_dir).resolve()
-        index_file = fpath / "index" if fpath.is_dir() else fpath
-        docid_file = fpath / "docid" if fpath.is_dir() and (fpath / "docid").is_file() else None
         index = faiss.read_index(str(index_file))
         encoder_path = resolve_encoder(dense_encoder)
         manifest.dense = DensePart(path=str(index_file), docs=int(index.ntotal), encoder=encoder_path,
@@ -286,10 +335,28 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
                                    if os.path.isdir(encoder_path) else "", external=True,
                                    query_prefix=query_prefix, passage_prefix=passage_prefix,
                                    docids=str(docid_file) if docid_file else None)
-        if manifest.corpus["passages"] is not None and docid_file is None \
-                and manifest.corpus["passages"] != index.ntotal:
+        if manifest.docstore is not None and manifest.corpus["passages"] != index.ntotal:
             raise IndexMismatchError(f"the FAISS index has {index.ntotal} vectors but the corpus has "
                                      f"{manifest.corpus['passages']} passages; pass the corpus it was built from")
+        if manifest.docstore is None:  # text from Lucene by docid: check the docid file fits both indexes
+            _check_docids(docid_file, int(index.ntotal), bm25)
     manifest.save(out)
     return manifest
 
+
+def read_docids(docid_file: str | os.PathLike) -> list[str]:
+    """The docids of a Pyserini FAISS directory's ``docid`` file, one per FAISS row (blank lines skipped)."""
+    with open(docid_file, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _check_docids(docid_file: Path, rows: int, bm25) -> None:
+    docids = read_docids(docid_file)
+    if len(docids) != rows:
+        raise IndexMismatchError(f"{docid_file} names {len(docids)} rows but the FAISS index holds {rows} "
+                                 f"vectors: pass the docid file of this FAISS index")
+    for docid in {docids[0], docids[-1]} if docids else ():
+        if bm25.doc(docid) is None:
+            raise IndexMismatchError(f"{docid_file} names docid {docid!r}, which the Lucene index at "
+                                     f"{bm25.lucene_dir} does not hold: link the Lucene index the FAISS index "
+                                     f"was built from, or pass --corpus FILE")

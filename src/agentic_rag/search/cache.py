@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .types import Hit, Searcher, clean_query
+from .types import Hit, PartialSearchError, Searcher, clean_query
 
 
 class LRUCache:
@@ -57,16 +57,30 @@ class LRUCache:
 
 def cached_batch(cache: LRUCache, queries: Sequence[str], k: int,
                  fetch: callable) -> list[list[Hit]]:
-    """Answer ``queries`` from ``cache``; only the misses (each distinct one once) go to ``fetch``."""
+    """Answer ``queries`` from ``cache``; only the misses (each distinct one once) go to ``fetch``.
+
+    When ``fetch`` answers only some queries (:class:`PartialSearchError`), the answers are cached and the
+    error is raised again with every position of ``queries`` filled in (a failed query is never cached).
+    """
     keys = [(clean_query(q), k) for q in queries]
     out: list[list[Hit] | None] = [cache.get(key) for key in keys]
     missing = list(dict.fromkeys(key for key, hit in zip(keys, out, strict=True) if hit is None))
-    if missing:
-        fetched = fetch([q for q, _ in missing], k)
-        by_key = dict(zip(missing, fetched, strict=True))
-        for key, hits in by_key.items():
+    if not missing:
+        return out  # type: ignore[return-value]
+    failed: dict[tuple[str, int], str] = {}
+    try:
+        fetched: list[list[Hit] | None] = list(fetch([q for q, _ in missing], k))
+    except PartialSearchError as exc:
+        fetched = list(exc.results)
+        failed = {key: e for key, e in zip(missing, exc.errors, strict=True) if e is not None}
+    by_key = dict(zip(missing, fetched, strict=True))
+    for key, hits in by_key.items():
+        if key not in failed and hits is not None:
             cache.put(key, hits)
-        out = [by_key[key] if hit is None else hit for key, hit in zip(keys, out, strict=True)]
+    out = [by_key[key] if hit is None else hit for key, hit in zip(keys, out, strict=True)]
+    if failed:
+        raise PartialSearchError([None if key in failed else hits for key, hits in zip(keys, out, strict=True)],
+                                 [failed.get(key) for key in keys])
     return out  # type: ignore[return-value]
 
 

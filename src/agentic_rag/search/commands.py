@@ -62,11 +62,14 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
     bm25 = args.bm25 or not args.dense_encoder  # BM25 by default when nothing is named
     m = build_index(args.corpus, args.out, bm25=bm25, dense_encoder=args.dense_encoder, language=args.language,
-                    fmt=args.format, skip_bad=args.skip_bad, threads=args.threads, k1=args.k1, b=args.b,
-                    faiss_type=args.faiss_type, query_prefix=args.query_prefix,
+                    fmt=args.format, skip_bad=args.skip_bad, chunk_size=args.chunk_words, threads=args.threads,
+                    k1=args.k1, b=args.b, faiss_type=args.faiss_type, query_prefix=args.query_prefix,
                     passage_prefix=args.passage_prefix, force=args.force)
-    print(json.dumps({"index": str(args.out), "passages": m.corpus["passages"], "bm25": m.bm25 is not None,
-                      "dense": m.dense is not None}))
+    skipped = int(m.corpus.get("skipped") or 0)
+    print(json.dumps({"index": str(args.out), "passages": m.corpus["passages"], "skipped": skipped,
+                      "bm25": m.bm25 is not None, "dense": m.dense is not None}))
+    if skipped:
+        print(f"skipped {skipped} malformed record(s) (--skip-bad)", file=sys.stderr)
     return 0
 
 
@@ -171,7 +174,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="encoder directory (sentence-transformers) for a FAISS index; 'minilm' = bundled MiniLM")
     b.add_argument("--language", default="en", choices=["en", "zh"], help="zh: Lucene's CJK analyzer")
     b.add_argument("--format", default="auto", choices=["auto", "json-list", "pyserini-jsonl", "kilt", "hotpot"])
-    b.add_argument("--skip-bad", action="store_true")
+    b.add_argument("--skip-bad", action="store_true", help="skip and count malformed records instead of failing")
+    b.add_argument("--chunk-words", type=int, default=100, help="KILT: words per passage")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--k1", type=float, default=0.9)
     b.add_argument("--b", type=float, default=0.4)
@@ -217,6 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--cache-size", type=int, default=10000, help="server-side LRU cache entries (0 = off)")
-    p.add_argument("--max-k", type=int, default=100)
+    p.add_argument("--max-k", type=int, default=100,
+                   help="most hits per query; the HTTP client caps k here (the rollout engine asks passages + 20)")
     p.add_argument("--max-batch", type=int, default=256)
     p.set_defaults(func=cmd_serve_search)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .types import Hit, Searcher
+from .types import Hit, PartialSearchError, Searcher
 
 FUSIONS = ("rrf", "weighted")
 
@@ -66,12 +66,28 @@ class HybridSearcher:
         return self.batch_search([query], k)[0]
 
     def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        """Fused hits per query. A query that one part cannot answer fails alone: the others are fused and
+        returned in a :class:`PartialSearchError` (a fused list from one part alone would be a different
+        ranking, silently)."""
         depth = max(k, self.depth)
-        sparse_runs = self.sparse.batch_search(queries, depth)
-        dense_runs = self.dense.batch_search(queries, depth)
+        sparse_runs, sparse_errors = _runs(self.sparse, queries, depth)
+        dense_runs, dense_errors = _runs(self.dense, queries, depth)
         weights = (1.0 - self.alpha, self.alpha)
         if self.fusion == "rrf":
             # With alpha = 0.5 both runs count equally, the classic RRF.
-            return [rrf_fuse((s, d), k, self.rrf_k, [2 * w for w in weights])
-                    for s, d in zip(sparse_runs, dense_runs, strict=True)]
-        return [weighted_fuse((s, d), k, weights) for s, d in zip(sparse_runs, dense_runs, strict=True)]
+            fused = [rrf_fuse((s, d), k, self.rrf_k, [2 * w for w in weights])
+                     for s, d in zip(sparse_runs, dense_runs, strict=True)]
+        else:
+            fused = [weighted_fuse((s, d), k, weights) for s, d in zip(sparse_runs, dense_runs, strict=True)]
+        errors = [se or de for se, de in zip(sparse_errors, dense_errors, strict=True)]
+        if any(errors):
+            raise PartialSearchError([None if e else hits for hits, e in zip(fused, errors, strict=True)], errors)
+        return fused
+
+
+def _runs(searcher: Searcher, queries: Sequence[str], depth: int) -> tuple[list[list[Hit]], list[str | None]]:
+    """One part's hits per query and its per-query failures (an empty run where a query failed)."""
+    try:
+        return searcher.batch_search(queries, depth), [None] * len(queries)
+    except PartialSearchError as exc:
+        return [hits or [] for hits in exc.results], list(exc.errors)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .build import open_docstore
+from .build import open_docstore, read_docids
 from .cache import CachedSearcher
 from .manifest import IndexManifest, check_corpus_unchanged, encoder_fingerprint, rebuild_hint
 from .types import IndexMismatchError, IndexMissingError, Searcher
 
 RETRIEVERS = ("bm25", "dense", "hybrid")
+URL_CACHE_SIZE = 10000
 
 
 def is_url(index: str | os.PathLike) -> bool:
@@ -20,19 +21,23 @@ def is_url(index: str | os.PathLike) -> bool:
 def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_encoder: str | None = None,
                   fusion: str = "weighted", alpha: float = 0.3, depth: int = 50, threads: int | None = None,
                   k1: float | None = None, b: float | None = None, corpus: str | None = None,
-                  cache_size: int = 0, timeout: float = 10.0, retries: int = 3) -> Searcher:
+                  cache_size: int | None = None, timeout: float = 10.0, retries: int = 3) -> Searcher:
     """A :class:`Searcher` for ``index``: an index directory, or the URL of ``agentic-rag serve-search``.
 
     The index is checked against its manifest (parts present, document counts, encoder); every failure
     raises :class:`IndexMissingError` / :class:`IndexMismatchError` with the command that fixes it.
-    ``cache_size > 0`` puts an LRU cache in front (the HTTP client always has its own).
+    ``cache_size`` entries of LRU cache go in front; ``0`` means no cache. Left out (None), a local index
+    gets none and a URL gets 10000 (GRPO repeats queries, and each repeat would be a network round trip).
     """
     if retriever not in RETRIEVERS:
         raise ValueError(f"unknown retriever {retriever!r}; choose one of {', '.join(RETRIEVERS)}")
+    if cache_size is not None and cache_size < 0:
+        raise ValueError(f"cache_size must be >= 0 (0 = no cache), got {cache_size}")
     if is_url(index):
         from .client import HTTPSearcher
 
-        return HTTPSearcher(str(index), timeout=timeout, retries=retries, cache_size=cache_size or 10000)
+        return HTTPSearcher(str(index), timeout=timeout, retries=retries,
+                            cache_size=URL_CACHE_SIZE if cache_size is None else cache_size)
     index_dir = Path(index)
     manifest = IndexManifest.load(index_dir)
     if corpus:
@@ -48,7 +53,7 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
         searcher = HybridSearcher(_open_bm25(index_dir, manifest, threads, k1, b),
                                   _open_dense(index_dir, manifest, dense_encoder, threads),
                                   fusion=fusion, alpha=alpha, depth=depth)
-    return CachedSearcher(searcher, cache_size) if cache_size > 0 else searcher
+    return CachedSearcher(searcher, cache_size) if cache_size else searcher
 
 
 def _open_bm25(index_dir: Path, manifest: IndexManifest, threads: int | None, k1: float | None,
@@ -98,10 +103,11 @@ def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | N
             raise IndexMismatchError(f"the FAISS index has {part.docs} vectors but the passage store holds "
                                      f"{len(store)}.\n{hint}")
     elif part.docids and manifest.bm25 is not None:
-        lookup = _docid_lookup(Path(part.docids), _open_bm25(index_dir, manifest, threads, None, None))
+        lookup = _docid_lookup(Path(part.docids), part.docs, _open_bm25(index_dir, manifest, threads, None, None))
     else:
-        raise IndexMissingError(f"the dense index at {index_dir} has no passage text source; "
-                                f"link it with --corpus or --lucene")
+        raise IndexMissingError(f"the dense index at {index_dir} has no passage text source: link it again "
+                                f"with --corpus FILE (the corpus the FAISS index was built from, in row order), "
+                                f"or with --lucene DIR and a FAISS directory that has a 'docid' file")
     searcher = DenseSearcher(encoder, faiss_path, lookup)
     if searcher.num_docs != part.docs:
         raise IndexMismatchError(f"the FAISS index at {faiss_path} holds {searcher.num_docs} vectors but the "
@@ -109,16 +115,18 @@ def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | N
     return searcher
 
 
-def _docid_lookup(docid_file: Path, bm25):
+def _docid_lookup(docid_file: Path, rows: int, bm25):
     """Row -> passage for a Pyserini FAISS index: the 'docid' file names rows, Lucene stores the text."""
     from .corpus import Passage
 
-    with open(docid_file, encoding="utf-8") as f:
-        docids = [line.strip() for line in f]
+    docids = read_docids(docid_file)
+    if len(docids) != rows:
+        raise IndexMismatchError(f"{docid_file} names {len(docids)} rows but the FAISS index holds {rows} "
+                                 f"vectors: it is not this index's docid file")
 
-    def lookup(rows: list[int]) -> list[Passage]:
+    def lookup(row_ids: list[int]) -> list[Passage]:
         out = []
-        for r in rows:
+        for r in row_ids:
             hit = bm25.doc(docids[r])
             out.append(Passage(docids[r], hit.title if hit else "", hit.text if hit else ""))
         return out

@@ -13,6 +13,10 @@ Why this module exists:
   ``batch_search(threads=N)``.
 * A forked child that touches the parent's JVM can hang forever. After a fork the child refuses every JVM
   call with an error that says what to do instead.
+* Lucene refuses a query of more than ``IndexSearcher.getMaxClauseCount()`` clauses (1024 by default) with
+  ``TooManyClauses``, and a BM25 query has one clause per distinct term: a 4096-character query of short
+  words has more. We raise the limit to :data:`MAX_CLAUSES` when the JVM starts; a query cleaned to
+  ``MAX_QUERY_CHARS`` characters cannot have more distinct terms than characters, so no such query fails.
 
 ``python -m agentic_rag.search.jvm --check`` starts the JVM and prints what it found (used by setup.sh).
 """
@@ -28,8 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .types import MAX_QUERY_CHARS
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# One clause per distinct query term; twice the longest query leaves room for analyzers that emit more than
+# one token per character (CJK unigrams + bigrams).
+MAX_CLAUSES = 2 * MAX_QUERY_CHARS
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
@@ -157,6 +167,7 @@ def _start() -> None:
         if placeholder:
             os.environ.pop("OPENAI_API_KEY", None)
     _quiet_java_logging()
+    _raise_clause_limit(MAX_CLAUSES)
     _started = True
     log.info("JVM started (Java home %s)", os.environ.get("JAVA_HOME"))
 
@@ -172,6 +183,31 @@ def _quiet_java_logging() -> None:
     logger = autoclass("java.util.logging.Logger").getLogger("org.apache.lucene")
     logger.setLevel(level.WARNING)
     _java_loggers.append(logger)
+
+
+def _raise_clause_limit(at_least: int) -> None:
+    from jnius import autoclass
+
+    index_searcher = autoclass("org.apache.lucene.search.IndexSearcher")
+    if index_searcher.getMaxClauseCount() < at_least:
+        index_searcher.setMaxClauseCount(at_least)
+
+
+def set_max_clause_count(n: int) -> int:
+    """Set Lucene's process-wide limit on clauses per query (``IndexSearcher.setMaxClauseCount``); returns
+    the previous limit. The JVM starts with :data:`MAX_CLAUSES`; tests lower it to provoke a query failure."""
+    if n < 1:
+        raise ValueError(f"the clause limit must be >= 1, got {n}")
+
+    def swap() -> int:
+        from jnius import autoclass
+
+        index_searcher = autoclass("org.apache.lucene.search.IndexSearcher")
+        previous = int(index_searcher.getMaxClauseCount())
+        index_searcher.setMaxClauseCount(n)
+        return previous
+
+    return run_in_jvm(swap)
 
 
 def _executor_or_start() -> ThreadPoolExecutor:
@@ -211,7 +247,9 @@ def _check() -> dict[str, str]:
         from jnius import autoclass
 
         system = autoclass("java.lang.System")
-        return {"java.version": system.getProperty("java.version"), "jar": anserini_jar().name}
+        clauses = autoclass("org.apache.lucene.search.IndexSearcher").getMaxClauseCount()
+        return {"java.version": system.getProperty("java.version"), "jar": anserini_jar().name,
+                "max_clause_count": str(clauses)}
 
     info = run_in_jvm(probe)
     info["java_home"] = str(find_java_home())

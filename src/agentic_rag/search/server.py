@@ -4,13 +4,21 @@ Requests that arrive together are answered together: a background task collects 
 (up to ``max_batch`` queries) and makes one ``batch_search`` call, which for BM25 is one Lucene batch over
 its own threads. Under load this turns many small requests into few large ones; alone, a request waits
 for nothing. A bad request (malformed JSON, empty or oversized query, k out of range, too many queries,
-oversized body) is answered 4xx with a reason, and the server keeps serving.
+oversized body, with or without a content-length header) is answered 4xx with a reason, and the server
+keeps serving.
 
 Request and response bodies::
 
     POST /search        {"query": "...", "k": 5}        -> {"hits": [{"docid","title","text","score"}, ...]}
     POST /batch_search  {"queries": ["...", ...], "k": 5} -> {"results": [[hit, ...], ...]}
-    GET  /health                                          -> {"status": "ok", "passages": N, ...}
+    GET  /health                                          -> {"status": "ok", "limits": {"max_k", ...}, ...}
+
+One query must not fail the requests batched with it. A request whose queries break a limit (empty, too
+long) is rejected whole with 422 naming the first bad one, before any search. A query the backend cannot
+answer (found by retrying each query of a failed batch alone) fails alone: ``/search`` answers 422 with the
+reason; ``/batch_search`` answers 200 with ``[]`` for that query and an ``"errors"`` list (the reason at its
+position, ``null`` elsewhere), present only when some query failed. When every query fails, the backend is
+down: 500 with the reason. ``/health`` advertises the limits; the HTTP client caps ``k`` at ``max_k``.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .types import MAX_QUERY_CHARS, Hit, Searcher
+from .types import MAX_QUERY_CHARS, Hit, PartialSearchError, QueryError, Searcher, isolate_failures
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,9 @@ class _Pending:
     future: asyncio.Future
 
 
+Answer = tuple[list[list[Hit]], list[str | None]]  # hits per query ([] where it failed), reason or None
+
+
 @dataclass
 class _Batcher:
     """Collects concurrent requests into one ``batch_search`` call on a worker thread."""
@@ -89,8 +100,9 @@ class _Batcher:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     batches: int = 0
     queries: int = 0
+    query_errors: int = 0
 
-    async def submit(self, queries: list[str], k: int) -> list[list[Hit]]:
+    async def submit(self, queries: list[str], k: int) -> Answer:
         fut = asyncio.get_running_loop().create_future()
         await self.queue.put(_Pending(queries, k, fut))
         return await fut
@@ -107,9 +119,15 @@ class _Batcher:
                 n += len(item.queries)
             k = max(p.k for p in group)
             flat = [q for p in group for q in p.queries]
+            errors: list[str | None] = [None] * len(flat)
             try:
-                results = await loop.run_in_executor(None, self.searcher.batch_search, flat, k)
-            except Exception as exc:  # a backend failure: each waiting request gets it
+                results = await loop.run_in_executor(None, isolate_failures, self.searcher.batch_search, flat, k)
+            except PartialSearchError as exc:  # some queries failed alone; the others are answered
+                results = [hits or [] for hits in exc.results]
+                errors = list(exc.errors)
+            except QueryError as exc:  # the batch's only query (isolate_failures splits larger ones) is to blame
+                results, errors = [[] for _ in flat], [str(exc)] * len(flat)
+            except Exception as exc:  # every query failed: a backend failure, each waiting request gets it
                 log.exception("batch_search failed")
                 for p in group:
                     if not p.future.done():
@@ -117,11 +135,59 @@ class _Batcher:
                 continue
             self.batches += 1
             self.queries += len(flat)
+            self.query_errors += sum(e is not None for e in errors)
             i = 0
             for p in group:
                 if not p.future.done():  # the client may have gone away
-                    p.future.set_result([r[:p.k] for r in results[i:i + len(p.queries)]])
+                    j = i + len(p.queries)
+                    p.future.set_result(([r[:p.k] for r in results[i:j]], errors[i:j]))
                 i += len(p.queries)
+
+
+class _BodyLimit:
+    """ASGI middleware: 413 for a body over ``limit`` bytes, by its content-length header or, for a chunked
+    upload without one, by the bytes actually received (counted as they arrive; at most ``limit`` are read)."""
+
+    def __init__(self, app: Any, limit: int, state: dict[str, Any]):
+        self.app, self.limit, self.state = app, limit, state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.state["requests"] += 1
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._reject(scope, receive, send)
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: let the app see it
+                break
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.limit:
+                await self._reject(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: dict, receive: Any, send: Any) -> None:
+        self.state["errors_4xx"] += 1
+        response = JSONResponse({"detail": f"request body over {self.limit} bytes"}, status_code=413,
+                                headers={"connection": "close"})
+        await response(scope, receive, send)
 
 
 def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
@@ -139,15 +205,7 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
             task.cancel()
 
     app = FastAPI(title="agentic-rag search", lifespan=lifespan)
-
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next):
-        state["requests"] += 1
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            state["errors_4xx"] += 1
-            return JSONResponse({"detail": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes, state=state)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: HTTPException):
@@ -168,25 +226,37 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
             reasons.append(f"{where}: {msg}" if where else msg)
         return JSONResponse({"detail": "; ".join(reasons)}, status_code=422)
 
+    async def answer(queries: list[str], k: int) -> Answer:
+        try:
+            return await batcher.submit(queries, k)
+        except Exception as exc:  # the backend failed on every query: 500 with the reason, not a bare page
+            raise HTTPException(status_code=500,
+                                detail=f"the search backend failed: {type(exc).__name__}: {exc}") from exc
+
     @app.post("/search")
     async def search(req: SearchRequest) -> dict[str, Any]:
         _validate([req.query], req.k, limits)
-        hits = (await batcher.submit([req.query], req.k))[0]
-        return {"hits": [h.to_dict() for h in hits]}
+        results, errors = await answer([req.query], req.k)
+        if errors[0] is not None:
+            raise HTTPException(status_code=422, detail=f"query: {errors[0]}")
+        return {"hits": [h.to_dict() for h in results[0]]}
 
     @app.post("/batch_search")
     async def batch_search(req: BatchSearchRequest) -> dict[str, Any]:
         _validate(req.queries, req.k, limits, batch=True)
-        results = await batcher.submit(list(req.queries), req.k)
-        return {"results": [[h.to_dict() for h in hits] for hits in results]}
+        results, errors = await answer(list(req.queries), req.k)
+        out: dict[str, Any] = {"results": [[h.to_dict() for h in hits] for hits in results]}
+        if any(e is not None for e in errors):
+            out["errors"] = errors
+        return out
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         out = {"status": "ok", "uptime_s": round(time.time() - state["started"], 1),
                "requests": state["requests"], "errors_4xx": state["errors_4xx"],
-               "batches": batcher.batches, "queries": batcher.queries,
+               "batches": batcher.batches, "queries": batcher.queries, "query_errors": batcher.query_errors,
                "limits": {"max_k": limits.max_k, "max_query_chars": limits.max_query_chars,
-                          "max_batch": limits.max_batch}}
+                          "max_batch": limits.max_batch, "max_body_bytes": limits.max_body_bytes}}
         cache = getattr(searcher, "cache", None)
         if cache is not None:
             out["cache"] = cache.stats()

@@ -7,7 +7,7 @@ need a second lookup.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,3 +66,63 @@ def clean_query(query: str, max_chars: int = MAX_QUERY_CHARS) -> str:
     query = query.encode("utf-8", "ignore").decode("utf-8", "ignore")  # drops lone surrogates
     query = "".join(ch if ch.isprintable() else " " for ch in query)
     return " ".join(query.split())[:max_chars]
+
+
+class QueryError(SearchError):
+    """The backend cannot answer this one query (Lucene rejects it, say); other queries still work."""
+
+
+class PartialSearchError(SearchError):
+    """Some queries of a batch failed, each retried alone; the others were answered.
+
+    ``results[i]`` holds query i's hits, or None where it failed; ``errors[i]`` the reason it failed, or
+    None. Callers that can use the answered queries (the search server, a tool) catch this; for everyone
+    else it is a :class:`SearchError` that names the failed queries.
+    """
+
+    def __init__(self, results: list[list[Hit] | None], errors: list[str | None]):
+        if len(results) != len(errors):
+            raise ValueError(f"{len(results)} results but {len(errors)} error entries")
+        self.results, self.errors = results, errors
+        failed = [i for i, e in enumerate(errors) if e is not None]
+        first = f"; queries[{failed[0]}]: {errors[failed[0]]}" if failed else ""
+        super().__init__(f"{len(failed)} of {len(errors)} queries could not be answered{first}")
+
+
+def isolate_failures(batch_fn: Callable[[list[str], int], list[list[Hit]]], queries: Sequence[str],
+                     k: int) -> list[list[Hit]]:
+    """``batch_fn(queries, k)``, but one query the backend cannot answer no longer fails the whole batch.
+
+    If the batch call fails, each query is retried alone: when some succeed (or a failure is a
+    :class:`QueryError`), :class:`PartialSearchError` carries the answers and a reason per failed query.
+    When every query fails alone with another error, the backend itself is down: that error is raised.
+    A :class:`PartialSearchError` from ``batch_fn`` is already isolated and passes through.
+    """
+    queries = list(queries)
+    try:
+        return batch_fn(queries, k)
+    except PartialSearchError:
+        raise
+    except Exception as exc:
+        if len(queries) < 2:
+            raise
+        batch_exc = exc
+    results: list[list[Hit] | None] = []
+    failures: list[Exception | None] = []
+    for q in queries:
+        try:
+            results.append(batch_fn([q], k)[0])
+            failures.append(None)
+        except Exception as exc:  # noqa: BLE001 - recorded per query and reported below
+            results.append(None)
+            failures.append(exc)
+    failed = [e for e in failures if e is not None]
+    if not failed:
+        return results  # type: ignore[return-value]  # the batch failed, every query alone did not
+    if len(failed) == len(queries) and not any(isinstance(e, QueryError) for e in failed):
+        raise failed[0] from batch_exc
+    raise PartialSearchError(results, [None if e is None else _reason(e) for e in failures])
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, SearchError) else f"{type(exc).__name__}: {exc}"
