@@ -238,6 +238,35 @@ def test_search_failure_becomes_an_error_observation_and_the_batch_goes_on(qwen_
     assert t.env_mask.count(0) == len(tok(obs, add_special_tokens=False)["input_ids"])
 
 
+def test_a_query_the_index_rejects_fails_alone_in_a_real_lucene_batch(qwen_tokenizer, wiki_index):
+    """Two trajectories search in the same round: one with a query Lucene rejects (more terms than its clause
+    limit, here set back to Lucene's default 1024), one with a good query. Only the bad one gets an error
+    observation and event; the other keeps its hits."""
+    import itertools
+    import string
+
+    from agentic_rag.search.jvm import set_max_clause_count
+
+    tok = qwen_tokenizer
+    terms = ["".join(t) for n in (2, 3) for t in itertools.product(string.ascii_lowercase, repeat=n)]
+    bad = " ".join(terms)[:4000]
+    scripts = {"Bad?": [f"<search>{bad}</search>", "<answer>x</answer>"],
+               "Good?": ["<search>Teutberga queen of Lotharingia</search>", "<answer>y</answer>"]}
+    previous = set_max_clause_count(1024)
+    try:
+        trajs, _, _ = run(tok, scripts, open_searcher(wiki_index, "bm25"),
+                          RolloutLimits(max_tokens_per_turn=8000, max_completion_tokens=12000))
+    finally:
+        set_max_clause_count(previous)
+    bad_t, good_t = trajs
+    errors = [e for e in bad_t.events if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["kind"] == "search_failed" and "TooManyClauses" in errors[0]["message"]
+    assert "Search failed" in [txt for src, txt in segment_texts(tok, bad_t) if src == ENV][0]
+    assert not [e for e in good_t.events if e["type"] == "error"]
+    (search,) = [e for e in good_t.events if e["type"] == "search"]
+    assert search["results"][0]["hits"][0]["docid"] == "0"  # the Teutberga passage, as the searcher tests expect
+
+
 def test_slow_search_times_out(qwen_tokenizer):
     tok = qwen_tokenizer
     t0 = time.time()
@@ -574,3 +603,138 @@ def test_slots_refill_when_more_prompts_than_batch(qwen_tokenizer, tiny_qwen):
     for a, b in zip(together, slotted, strict=True):
         assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+# ------------------------------------------------------------------------- truncation: shown, dropped
+
+
+class LongPassages(FakeSearcher):
+    """Eight passages per query, each long enough that a tight observation budget cuts into the second."""
+
+    def batch_search(self, queries, k=10):
+        self.calls.append(list(queries))
+        return [[Hit(f"d{i}", f"T{i}", f"alpha{i} " + "lorem " * 12 + f"omega{i}", 1.0) for i in range(8)]
+                for _ in queries]
+
+
+def test_only_passages_the_observation_kept_count_as_shown(qwen_tokenizer):
+    """A passage cut off by truncation is not 'shown': the event lists it as cut and a later search may bring
+    it back; one cut partway counts as shown and is marked partial."""
+    tok = qwen_tokenizer
+    limits = RolloutLimits(passages_per_search=3, max_observation_tokens=45)
+    (t,), _, _ = run(tok, {"Cut?": ["<search>x</search>", "<search>x</search>", "<answer>y</answer>"]},
+                     LongPassages(), limits)
+    first_obs = [txt for src, txt in segment_texts(tok, t) if src == ENV][0]
+    assert "omega0" in first_obs and "alpha1" in first_obs and "omega1" not in first_obs and "T2" not in first_obs
+    first, second = [e["results"][0] for e in t.events if e["type"] == "search"]
+    assert [(h["docid"], h["partial"]) for h in first["hits"]] == [("d0", False), ("d1", True)]
+    assert [h["docid"] for h in first["cut"]] == ["d2"]  # selected, never seen by the model
+    # d2 was cut off, so it was not shown: the next search shows it first (d0 and d1 are not repeated)
+    assert [h["docid"] for h in second["hits"]][0] == "d2"
+    assert "d0" not in [h["docid"] for h in second["hits"] + second["cut"]]
+
+
+@pytest.mark.parametrize("case", ["search", "search_real_model", "summary"])
+def test_an_observation_that_does_not_fit_ends_the_trajectory(qwen_tokenizer, tiny_qwen, case):
+    """No room even for the observation's tags: the trajectory ends (max_completion_tokens) instead of
+    resuming right after its action tag with no observation."""
+    tok = qwen_tokenizer
+    first = ("<summary>" + "the topic is seven " * 3 + "</summary>") if case == "summary" else "<search>x</search>"
+    scripts = {"Full?": [first, "more words here", "<answer>z</answer>"]}
+    room = 5  # fewer tokens than the observation's tags need
+    limits = RolloutLimits(max_completion_tokens=len(tok(first, add_special_tokens=False)["input_ids"]) + room,
+                           min_turn_tokens=1, max_observation_tokens=16)
+    if case == "search_real_model":
+        policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
+        (t,) = AgentRollout(policy, tok, FakeSearcher(), limits=limits).run(prompts(tok, ["Full?"]), ["Full?"])
+    else:
+        (t,), policy, _ = run(tok, scripts, limits=limits)
+        assert policy.calls == [1]  # no second turn
+    assert t.finish_reason == "max_completion_tokens" and t.num_turns == 1
+    assert [s.source for s in t.segments] == [MODEL] and t.env_mask == [1] * len(t.completion_ids)
+    obs = [e for e in t.events if e["type"] == "observation"]
+    assert obs == [{"type": "observation", "turn": 1, "tokens": 0, "truncated": True, "dropped": "no room left"}]
+    assert t.events[-1]["type"] == "finish"
+
+
+# --------------------------------------------------------------------------- logprobs with a penalty
+
+
+def test_logprobs_with_repetition_penalty_are_what_the_trainer_recomputes(qwen_tokenizer, caplog):
+    """The penalty shapes sampling; the recorded log-probabilities stay log_softmax(raw logits / T), the
+    quantity TRL's GRPOTrainer (and completion_logprobs) recomputes, and the policy warns about it."""
+    from transformers import Qwen2ForCausalLM
+
+    from conftest import tiny_qwen_config
+
+    tok = qwen_tokenizer
+    config = tiny_qwen_config(len(tok))
+    config.initializer_range = 0.2  # logits far enough from 0 for the penalty to move the log-probabilities
+    torch.manual_seed(0)
+    tiny_qwen = Qwen2ForCausalLM(config).eval()
+    qs = ["A?", "Bee bee?"]
+    outs = {}
+    for penalty in (1.0, 1.5):
+        torch.manual_seed(5)
+        policy = HFPolicy(tiny_qwen, tok, SamplingParams(temperature=0.7, repetition_penalty=penalty))
+        with caplog.at_level("WARNING", logger="agentic_rag.rollout.policy"):
+            trajs = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(max_tokens_per_turn=24)).run(
+                prompts(tok, qs), qs)
+        recomputed = completion_logprobs(tiny_qwen, trajs, pad_id=tok.pad_token_id, temperature=0.7)
+        for t, lp in zip(trajs, recomputed, strict=True):
+            assert len(t.completion_ids) > 5
+            assert torch.allclose(torch.tensor(t.logprobs), lp, atol=1e-4), (torch.tensor(t.logprobs) - lp).abs().max()
+        outs[penalty] = [t.completion_ids for t in trajs]
+    assert outs[1.0] != outs[1.5], "the penalty must change what is sampled (same seed)"
+    assert "repetition_penalty=1.5" in caplog.text and "off-policy" in caplog.text
+
+
+# -------------------------------------------------------------- masks with the plain Qwen2 tokenizer
+
+
+@pytest.mark.parametrize("real_model", [False, True])
+def test_masks_are_exact_with_multi_token_tags(qwen2_tokenizer, tiny_qwen, real_model):
+    """The plain shipped Qwen2 tokenizer has no tag tokens: <think>, <search>, <observation> are several
+    tokens each, and '</search>\\n\\n' ends inside the token '>\\n\\n'. Every token is checked: the model's
+    (a forged <observation> included) have mask 1, the environment's 0, ids exactly as generated."""
+    tok = qwen2_tokenizer
+    for tag in ("<think>", "</search>", "<observation>", "</observation>", "<answer>"):
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) > 1, tag
+    turn1 = ("<think>I need the capital.</think>\n<observation>The capital is Fakeville.</observation>\n"
+             "<search>capital of Freedonia</search>\n\n")
+    turn2 = "<think>It says Fredville.</think>\n<answer>Fredville</answer>"
+    ids1, ids2 = (tok(x, add_special_tokens=False)["input_ids"] for x in (turn1, turn2))
+    assert tok.decode(ids1[-1:]) == ">\n\n"  # the stop string ends inside the turn's last token
+    scripts = {"What is the capital of Freedonia?": [turn1, turn2]}
+    limits = RolloutLimits(passages_per_search=1)
+    if real_model:
+        policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
+    else:
+        policy = ScriptedPolicy(tok, scripts)
+    engine = AgentRollout(policy, tok, FakeSearcher(), limits=limits)
+    (t,) = engine.run(prompts(tok, list(scripts)), list(scripts))
+    assert t.finish_reason == "answer" and t.answer == "Fredville" and t.num_searches == 1
+    obs_text = engine.dialect.wrap_observation(engine.dialect.format_passages(
+        [Hit("capital of Freedonia-0", "Title capital of Freedonia 0", "Passage 0 about capital of Freedonia.", 1)]))
+    ids_obs = tok(obs_text, add_special_tokens=False)["input_ids"]
+    assert t.completion_ids == ids1 + ids_obs + ids2
+    assert t.env_mask == [1] * len(ids1) + [0] * len(ids_obs) + [1] * len(ids2)
+    # token by token: each token's mask says who wrote the characters it decodes to
+    text = turn1 + obs_text + turn2
+    forged = (text.index("<observation>The capital"), text.index("</observation>\n<search>") + len("</observation>"))
+    real = (len(turn1), len(turn1) + len(obs_text))
+    pos = 0
+    for token, mask in zip(t.completion_ids, t.env_mask, strict=True):
+        piece = tok.decode([token])
+        assert text[pos:pos + len(piece)] == piece
+        inside_real = real[0] <= pos < real[1]
+        assert mask == (0 if inside_real else 1), (pos, piece)
+        if forged[0] <= pos < forged[1]:
+            assert mask == 1, f"forged tag token {piece!r} must be the model's"
+        pos += len(piece)
+    assert pos == len(text) == len(t.text)
+    assert [e["tag"] for e in t.events if e["type"] == "forged_tag"] == ["<observation>", "</observation>"]
+    if real_model:
+        lp = completion_logprobs(tiny_qwen, [t], pad_id=tok.pad_token_id)[0]
+        model = torch.tensor(t.env_mask, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(t.logprobs)[model], lp[model], atol=1e-4)

@@ -130,3 +130,42 @@ def test_document_search_over_a_local_index_and_over_http(wiki_index, qwen_token
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_hung_tool_calls_never_starve_later_calls(qwen_tokenizer):
+    """More timed-out calls than any pool has workers: each is abandoned on its own daemon thread, and a
+    normal search afterwards still completes within its timeout. The engine closes as a context manager."""
+    import time
+
+    from agentic_rag.search import Hit
+
+    tok = qwen_tokenizer
+    release = threading.Event()
+
+    def search(queries, k):
+        if any(q.startswith("hang") for q in queries):
+            release.wait(60)
+        return [[Hit(f"{q}-{i}", f"T {q} {i}", f"text {q} {i}", 1.0) for i in range(k)] for q in queries]
+
+    n = 6  # the engine used to run tools on a pool of 4 workers
+    script = [f"<search>hang{j}</search>" for j in range(n)] + ["<search>fine</search>", "<answer>ok</answer>"]
+    limits = RolloutLimits(search_timeout_s=0.3, max_searches=n + 1, max_turns=n + 2, passages_per_search=1)
+    tools = ToolRegistry([FunctionTool("search", search, batched=True)])
+    try:
+        with AgentRollout(ScriptedPolicy(tok, {"Hang?": script}), tok, tools, limits=limits) as engine:
+            t0 = time.monotonic()
+            (t,) = engine.run([build_prompt(tok, "Hang?")])
+            elapsed = time.monotonic() - t0
+            assert engine._tool_runner.abandoned == n
+            stuck = [th for th in threading.enumerate() if th.name.startswith("rollout-tool-search")]
+            assert len(stuck) >= n and all(th.daemon for th in stuck)  # they never block interpreter exit
+        assert t.finish_reason == "answer" and t.num_searches == n + 1
+        errors = [e for e in t.events if e["type"] == "error"]
+        assert len(errors) == n and all("timed out after 0.3 s" in e["message"] for e in errors)
+        (fine,) = [e for e in t.events if e["type"] == "search"]
+        assert fine["queries"] == ["fine"] and [h["docid"] for h in fine["results"][0]["hits"]] == ["fine-0"]
+        assert elapsed < n * 0.3 + 2.0
+        with pytest.raises(RuntimeError, match="closed"):
+            engine.run([build_prompt(tok, "Hang?")])
+    finally:
+        release.set()

@@ -13,10 +13,22 @@ input; padding and invalidated entries are masked out through the 2D attention m
 gets its own position id (its index in its row's context), so a row's tokens see exactly its own context.
 Holes left by padding are removed by re-prefilling the live rows when they outgrow the real content.
 
-Sampling is done here, not by ``model.generate``: ``log_softmax(logits / temperature)`` is computed once,
-gives the recorded log-probability of the chosen token, and after optional top-k/top-p truncation is
-sampled by inverse CDF (one uniform number per row against the cumulative sum: an exact categorical
-sample, much faster on CPU than ``torch.multinomial`` over a 150k vocabulary).
+Sampling is done here, not by ``model.generate``: ``log_softmax(logits / temperature)`` of the raw logits
+gives the recorded log-probability of the chosen token. The token is drawn from the same logits after the
+optional repetition penalty (applied to the raw logits before the temperature, as Hugging Face does it),
+top-k/top-p truncation and the processors, by inverse CDF (one uniform number per row
+against the cumulative sum: an exact categorical sample, much faster on CPU than ``torch.multinomial`` over a
+150k vocabulary).
+
+Which log-probability is recorded, and why. The trainer recomputes each token's log-probability as TRL's
+``GRPOTrainer`` (1.16) does for its old and current policy: ``log_softmax(logits / temperature)`` of the
+model's raw logits (its fused LM head, built with ``args.temperature``), with no repetition penalty and no
+top-k/top-p. The recorded values are exactly that quantity, so rollout and re-scoring agree token by token
+(the tests check it with a penalty on). **With ``repetition_penalty != 1`` (as with top-k/top-p < full) the
+tokens are not sampled from the distribution those log-probabilities describe**: the penalty depends on the
+whole context and is not re-applied when scoring, so the samples are slightly off-policy and nothing in the
+loss corrects for it (TRL's own ``generate`` path behaves the same). Keep it at 1.0 for on-policy training;
+:class:`~.policy.HFPolicy` warns when it is not.
 """
 
 from __future__ import annotations
@@ -210,13 +222,16 @@ class DecodeSession:
 
     def _sample(self, logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.sampling
-        if s.repetition_penalty != 1.0:
-            for j, row in enumerate(rows):
-                seen = torch.tensor(sorted(set(row.context)), dtype=torch.long, device=logits.device)
-                vals = logits[j, seen]
-                logits[j, seen] = torch.where(vals > 0, vals / s.repetition_penalty, vals * s.repetition_penalty)
+        # the recorded log-probability: the raw logits at the sampling temperature, what the trainer recomputes
         logp = torch.log_softmax(logits / s.temperature, dim=-1)
         scores = logp
+        if s.repetition_penalty != 1.0:  # shapes the sampling only (see the module docstring)
+            penalized = logits.clone()
+            for j, row in enumerate(rows):
+                seen = torch.tensor(sorted(set(row.context)), dtype=torch.long, device=logits.device)
+                vals = penalized[j, seen]
+                penalized[j, seen] = torch.where(vals > 0, vals / s.repetition_penalty, vals * s.repetition_penalty)
+            scores = torch.log_softmax(penalized / s.temperature, dim=-1)
         if s.do_sample and s.top_k and s.top_k < scores.shape[-1]:
             kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))

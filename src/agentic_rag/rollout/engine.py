@@ -1,40 +1,64 @@
 """The rollout engine: batched multi-turn generation that searches mid-rollout, with exact masks.
 
-One round of :meth:`AgentRollout.run`:
+What happens to a trajectory, turn by turn:
 
-1. every active trajectory's visible context (prompt + the path to its last segment) goes to the policy in
-   one batch; each sequence generates until it closes an action tag, ends, or spends its turn budget;
-2. each new turn is appended as a *model* segment, its ids exactly as generated (never decoded and
-   re-encoded), and its action is parsed: answer (done), search, backtrack, summary, or none (done);
-3. the queries of every sequence that searched this round go to each tool in **one** batch call (with a
-   timeout; a failure becomes an error observation, counted, and the batch goes on);
-4. observations are tokenized on their own and appended as *environment* segments (env_mask 0).
+1. its visible context (prompt + the path to its last segment) is decoded together with the others'; it
+   generates until it closes an action tag, ends, or spends its turn budget;
+2. the turn is appended as a *model* segment, its ids exactly as generated (never decoded and re-encoded),
+   and its action is parsed: answer (done), search, backtrack, summary, or none (done);
+3. a search becomes a tool call; the queries of every trajectory whose turn ended in the same decode step
+   (the same round, with a round-based policy) go to each tool in **one** batch call, started on its own
+   thread (:mod:`.tool_calls`) with a timeout; a failure or timeout becomes an error observation, counted;
+4. observations are tokenized on their own and appended as *environment* segments (env_mask 0), cut to
+   ``max_observation_tokens`` and to the room left; then the trajectory starts its next turn.
 
-A sequence that answers is done; one that searches waits only for the round, never for another sequence's
-stop. Limits end a trajectory with a ``finish_reason`` that says which limit: ``answer`` (normal), ``eos``
-(ended without an answer), ``turn_token_limit``, ``max_completion_tokens``, ``max_turns``, ``max_searches``.
+When a searching trajectory resumes. With a session-capable policy (:class:`~.policy.HFPolicy`), decoding
+goes one step at a time over all live rows. The tool calls of the rows that stopped at step ``t`` are
+started at once; if any other row is still generating, the session decodes **exactly one more step**
+(``t + 1``) for the others, then the engine collects those calls (waiting for them if they are not done),
+appends the observations and resumes the rows, which generate again from step ``t + 2``. If no other row is
+generating, the calls are collected at once. So a search overlaps one decode step of the others, the batch
+grouping is kept (one call per tool per step), and the step at which a row resumes never depends on how
+long its tool took: with the same seed, runs are identical. Rows that stopped for a backtrack, a summary
+or an empty query need no tool and resume at once; a finished trajectory hands its slot to the next
+prompt. Any other policy runs in synchronous rounds: every active trajectory generates one turn, the
+round's tool calls are collected, and the next round starts.
+
+Limits end a trajectory with a ``finish_reason`` that says which limit: ``answer`` (normal), ``eos`` (ended
+without an answer), ``turn_token_limit``, ``max_completion_tokens`` (also when an observation or note does
+not fit at all in the room left: resuming without it would let the model go on as if the environment had
+answered), ``max_turns``, ``max_searches``; ``cancelled`` comes from the hooks.
+
+Shown passages. A search's observation is cut to its budget; a passage counts as shown (listed under
+``hits`` in the search event, and never shown again when ``dedup_passages``) only if at least the start of
+its text is in the observation as kept; ``partial`` marks one whose text was cut partway (the model read its
+title and opening, which is what a reader of a truncated result list sees). Passages cut off entirely are
+listed under ``cut`` and may come back in a later search.
 
 Backtrack abandons the last search step (the model turn that searched and its observation): the next
 segment is a note from the environment that hangs off the segment *before* that step, so the abandoned
 text leaves the context. Summary (``summary_mode="replace"``) restarts the context from the prompt with an
 environment note holding the summary. Both keep every token's context a path from the prompt, which is
 what makes training-time scoring exact (:mod:`.scoring`).
+
+An engine may be reused for many runs and closed when done (``close()`` or ``with AgentRollout(...) as
+engine``); a tool call that times out is abandoned on its daemon thread and never holds up later calls.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..search.types import Hit, Searcher, clean_query
-from ..tools.base import SearchTool, Tool, ToolRegistry, ToolResult
+from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry
 from .policy import STOP_EOS, STOP_LENGTH, Policy
 from .protocol import Action, ActionKind, Dialect, get_dialect
+from .tool_calls import ToolBatch, ToolCall, ToolRunner
 from .trajectory import ENV, MODEL, Trajectory
 
 log = logging.getLogger(__name__)
@@ -86,16 +110,6 @@ class RolloutLimits:
             raise ValueError("invalid rollout limits: " + "; ".join(problems))
 
 
-@dataclass
-class _Call:
-    """One trajectory's pending tool call."""
-
-    index: int
-    action: Action
-    results: list[ToolResult] = field(default_factory=list)
-    error: str | None = None
-
-
 def as_registry(tools: ToolRegistry | Tool | Searcher | None) -> ToolRegistry:
     if tools is None:
         return ToolRegistry()
@@ -124,13 +138,26 @@ class AgentRollout:
         missing = [t.tool for t in self.dialect.tool_tags if t.tool not in self.tools]
         if missing:
             log.warning("no tool registered for %s: those actions will get an error observation", missing)
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rollout-tools")
+        self._tool_runner = ToolRunner(self.tools)
+
+    def close(self) -> None:
+        """Refuse further runs. Tool calls that timed out are left to finish on their daemon threads (see
+        :mod:`.tool_calls`); the tools themselves belong to the caller and stay open."""
+        self._tool_runner.close()
+
+    def __enter__(self) -> AgentRollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------ main loop
 
     def run(self, prompts: Sequence[Sequence[int]], questions: Sequence[str] | None = None,
             hooks: RolloutHooks | None = None) -> list[Trajectory]:
         """Roll out every prompt (token ids, already templated) to a finished trajectory."""
+        if self._tool_runner.closed:
+            raise RuntimeError("this AgentRollout is closed")
         trajs = [Trajectory(prompt_ids=list(p), question=questions[i] if questions else "")
                  for i, p in enumerate(prompts)]
         shown: list[set[str]] = [set() for _ in trajs]
@@ -165,7 +192,8 @@ class AgentRollout:
         return False
 
     def _run_rounds(self, trajs: list[Trajectory], shown: list[set[str]]) -> None:
-        """Any Policy: every active trajectory generates a turn in one batched call per round."""
+        """Any Policy: every active trajectory generates a turn in one batched call per round; the round's
+        tool calls are collected before the next round."""
         active = list(range(len(trajs)))
         while active:
             budgets: dict[int, int] = {}
@@ -185,19 +213,28 @@ class AgentRollout:
                 for i, gen in zip(active, gens, strict=True):
                     for token in gen.ids:
                         self._hooks.on_token(i, token)
-            continuing = self._turns(trajs, shown, [(i, g, budgets[i]) for i, g in zip(active, gens, strict=True)])
-            active = [i for i, _ in continuing]
+            continuing, calls = self._turns(trajs, [(i, g, budgets[i]) for i, g in zip(active, gens, strict=True)])
+            if calls:
+                self._observe_all(trajs, shown, self._submit(calls))
+            active = [i for i in continuing if not trajs[i].finish_reason]
 
     def _run_continuous(self, trajs: list[Trajectory], shown: list[set[str]]) -> None:
-        """A policy with sessions: a trajectory that stops for a search resumes as soon as its observation
-        is ready, while the others keep generating; a finished one hands its slot to the next prompt."""
+        """A policy with sessions: one decode step at a time; see the module docstring for when a row that
+        stopped for a tool gets its observation and resumes."""
         session = self.policy.open_session(self.dialect.stop_strings)
         if self._hooks.on_token is not None:
             session.on_token = lambda row, token: self._hooks.on_token(row.user, token)
         slots = getattr(self.policy, "max_batch_size", None) or len(trajs)
         queue = list(range(len(trajs)))
         row_of: dict[int, int] = {}  # session row -> trajectory
+        row_for: dict[int, int] = {}  # trajectory -> session row
         budgets: dict[int, int] = {}
+        turn_segment: dict[int, int] = {}  # trajectory -> index of the model segment of its last turn
+
+        def drop(i: int) -> None:
+            row = row_for.pop(i)
+            session.release(row)
+            del row_of[row]
 
         def start_next() -> None:
             while queue and len(row_of) < slots:
@@ -206,60 +243,79 @@ class AgentRollout:
                 if b is None:
                     continue
                 budgets[i] = b
-                row_of[session.add(trajs[i].visible_ids(), b, user=i)] = i
+                row = session.add(trajs[i].visible_ids(), b, user=i)
+                row_of[row], row_for[i] = i, row
+
+        def advance(i: int) -> None:
+            """A stopped row whose turn's action is carried out: resume it with what the environment added,
+            restart it from its new context after a branch, or let it go when its trajectory is over."""
+            t = trajs[i]
+            b = None if t.finish_reason else self._budget(t)
+            if b is None:
+                drop(i)
+                return
+            budgets[i] = b
+            model_seg = turn_segment[i]
+            added = t.segments[model_seg + 1:]
+            if all(seg.parent == model_seg + k for k, seg in enumerate(added)):
+                session.resume(row_for[i], t.completion_ids[t.segments[model_seg].end:], b)
+            else:  # a backtrack or summary branched the context: the row restarts from it
+                session.reset(row_for[i], t.visible_ids(), b)
+
+        def collect(batch: ToolBatch) -> None:
+            live = [c for c in batch.calls if c.index in row_for]  # a cancelled row's call is discarded
+            self._observe_all(trajs, shown, batch, live)
+            for call in live:
+                advance(call.index)
 
         model = getattr(self.policy, "model", None)
         was_training = bool(getattr(model, "training", False))
         if model is not None:
             model.eval()
+        pending: ToolBatch | None = None  # tool calls of the rows that stopped in the previous step
         try:
             start_next()
             while row_of:
-                for row, i in list(row_of.items()):
+                for i in list(row_of.values()):
                     if self._cancelled(trajs[i], i):
-                        session.release(row)
-                        del row_of[row]
+                        drop(i)
                 start_next()
                 if not row_of:
                     break
-                stopped = session.step()
-                if not stopped:
-                    if not session.busy:
-                        raise RuntimeError("decode session idle with unfinished trajectories")
-                    continue
-                done_turns = [(row_of[row], gen, budgets[row_of[row]]) for row, gen in stopped]
-                before = {i: len(trajs[i].segments) for i, _, _ in done_turns}
-                continuing = dict(self._turns(trajs, shown, done_turns))
-                for row, _ in stopped:
-                    i = row_of[row]
-                    if i not in continuing:
-                        session.release(row)
-                        del row_of[row]
-                        continue
-                    t = trajs[i]
-                    b = self._budget(t)
-                    if b is None:
-                        session.release(row)
-                        del row_of[row]
-                        continue
-                    budgets[i] = b
-                    model_seg = before[i]  # index of the model segment this turn appended
-                    added = t.segments[model_seg + 1:]
-                    if all(seg.parent == model_seg + k for k, seg in enumerate(added)):
-                        session.resume(row, t.completion_ids[t.segments[model_seg].end:], b)
-                    else:  # a backtrack or summary branched the context: the row restarts from it
-                        session.reset(row, t.visible_ids(), b)
+                stopped = session.step() if session.busy else []
+                if pending is not None:  # the others have decoded one step meanwhile: collect, resume
+                    batch, pending = pending, None
+                    collect(batch)
+                if stopped:
+                    turns = []
+                    for row, gen in stopped:
+                        i = row_of[row]
+                        turn_segment[i] = len(trajs[i].segments)
+                        turns.append((i, gen, budgets[i]))
+                    continuing, calls = self._turns(trajs, turns)
+                    waiting = {c.index for c in calls}
+                    for i, _, _ in turns:
+                        if i not in continuing:
+                            drop(i)
+                        elif i not in waiting:
+                            advance(i)
+                    if calls:
+                        pending = self._submit(calls)
                 start_next()
+                if pending is not None and not session.busy:  # nobody else is decoding: collect at once
+                    batch, pending = pending, None
+                    collect(batch)
+                if row_of and pending is None and not session.busy:
+                    raise RuntimeError("decode session idle with unfinished trajectories")
         finally:
             if was_training:
                 model.train()
 
-    def _turns(self, trajs: list[Trajectory], shown: list[set[str]],
-               turns: list[tuple[int, Any, int]]) -> list[tuple[int, bool]]:
-        """Record finished turns, carry out their actions (one batch tool call per tool for all of them),
-        append the observations; returns ``(trajectory, True)`` for those that continue."""
-        calls: list[_Call] = []
-        continuing: list[tuple[int, bool]] = []
+    def _turns(self, trajs: list[Trajectory], turns: list[tuple[int, Any, int]]) -> tuple[list[int], list[ToolCall]]:
+        """Record finished turns and carry out their actions; returns the trajectories that continue and the
+        tool calls to make (the callers wait for them before resuming)."""
+        calls: list[ToolCall] = []
+        continuing: list[int] = []
         for i, gen, budget in turns:
             t = trajs[i]
             t.num_turns += 1
@@ -277,11 +333,8 @@ class AgentRollout:
                 self._finish(t, "max_turns")
                 done = True
             if not done:
-                continuing.append((i, True))
-        self._run_tools(calls)
-        for call in calls:
-            self._observe(trajs[call.index], call, shown[call.index])
-        return continuing
+                continuing.append(i)
+        return continuing, calls
 
     # ------------------------------------------------------------------------------------------- actions
 
@@ -289,7 +342,7 @@ class AgentRollout:
         t.finish_reason = reason
         t.event("finish", reason=reason)
 
-    def _apply(self, t: Trajectory, action: Action, stop: str, budget: int, calls: list[_Call], i: int) -> bool:
+    def _apply(self, t: Trajectory, action: Action, stop: str, budget: int, calls: list[ToolCall], i: int) -> bool:
         """Carry out a turn's action; returns True when the trajectory is finished."""
         lim = self.limits
         if action.kind is ActionKind.ANSWER:
@@ -313,23 +366,23 @@ class AgentRollout:
             t.num_searches += 1
             if not action.queries or not any(clean_query(q) for q in action.queries):
                 t.event("error", kind="empty_query", content=action.content[:200])
-                self._append_observation(t, "The search query was empty. Write a query inside the search tags.")
-                return False
-            calls.append(_Call(i, action))
+                return not self._append_observation(
+                    t, "The search query was empty. Write a query inside the search tags.")
+            calls.append(ToolCall(i, action))
             return False
         if action.kind is ActionKind.BACKTRACK:
-            self._backtrack(t, action.content)
-            return False
+            return not self._backtrack(t, action.content)
         if action.kind is ActionKind.SUMMARY:
             t.event("summary", text=action.content, mode=self.summary_mode)
             if self.summary_mode == "replace":
                 body = f"Summary of the earlier steps: {action.content}" if action.content else "Summary: (empty)"
-                self._append_observation(t, body, parent=-1)
+                return not self._append_observation(t, body, parent=-1)
             return False
         raise AssertionError(f"unhandled action {action.kind}")
 
-    def _backtrack(self, t: Trajectory, reason: str) -> None:
-        """Abandon the last search step: the next segment hangs off the segment before it."""
+    def _backtrack(self, t: Trajectory, reason: str) -> bool:
+        """Abandon the last search step: the next segment hangs off the segment before it. False when the
+        note did not fit (the trajectory is then finished)."""
         current = len(t.segments) - 1  # the backtrack turn
         parent = t.segments[current].parent
         if parent >= 0 and t.segments[parent].source == ENV and t.segments[parent].parent >= 0:
@@ -338,109 +391,126 @@ class AgentRollout:
             dropped = t.segments[current].end - t.segments[step_model].start
             t.event("backtrack", reason=reason, dropped_tokens=dropped)
             note = "Backtracked: the previous search step was removed." + (f" Reason: {reason}" if reason else "")
-            self._append_observation(t, note, parent=new_parent)
-        else:
-            t.event("error", kind="nothing_to_backtrack")
-            self._append_observation(t, "There is no search step to backtrack from.")
+            return self._append_observation(t, note, parent=new_parent)
+        t.event("error", kind="nothing_to_backtrack")
+        return self._append_observation(t, "There is no search step to backtrack from.")
 
     # --------------------------------------------------------------------------------------------- tools
 
-    def _run_tools(self, calls: list[_Call]) -> None:
-        """One batch call per tool for all queries of this round, with a timeout."""
-        by_tool: dict[str, list[_Call]] = {}
-        for call in calls:
-            by_tool.setdefault(call.action.tool, []).append(call)
-        for name, group in by_tool.items():
-            if name not in self.tools:
-                for call in group:
-                    call.error = f"no tool named {name!r} is available"
-                continue
-            queries = [q for call in group for q in call.action.queries]
-            k = self.limits.passages_per_search + (20 if self.limits.dedup_passages else 0)
-            future = self._pool.submit(self.tools.get(name).batch, queries, k)
-            try:
-                results = future.result(timeout=self.limits.search_timeout_s)
-                if len(results) != len(queries):
-                    raise RuntimeError(f"tool {name!r} returned {len(results)} results for {len(queries)} queries")
-            except FutureTimeout:
-                for call in group:
-                    call.error = f"the search timed out after {self.limits.search_timeout_s:g} s"
-                continue
-            except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model as text
-                log.warning("tool %s failed: %s", name, exc)
-                for call in group:
-                    call.error = f"the search failed ({type(exc).__name__}: {str(exc)[:200]})"
-                continue
-            pos = 0
-            for call in group:
-                call.results = list(results[pos:pos + len(call.action.queries)])
-                pos += len(call.action.queries)
+    def _submit(self, calls: list[ToolCall]) -> ToolBatch:
+        """Start one batch call per tool for all ``calls`` (see :mod:`.tool_calls`)."""
+        k = self.limits.passages_per_search + (20 if self.limits.dedup_passages else 0)
+        return self._tool_runner.submit(calls, k, self.limits.search_timeout_s)
 
-    def _observe(self, t: Trajectory, call: _Call, shown: set[str]) -> None:
+    def _observe_all(self, trajs: list[Trajectory], shown: list[set[str]], batch: ToolBatch,
+                     calls: list[ToolCall] | None = None) -> None:
+        """Wait for ``batch`` and append each call's observation (all of the batch's calls by default)."""
+        batch.collect()
+        for call in batch.calls if calls is None else calls:
+            self._observe(trajs[call.index], call, shown[call.index])
+
+    def _observe(self, t: Trajectory, call: ToolCall, shown: set[str]) -> None:
+        """Append a search's observation. A passage counts as shown (never shown again with dedup, and listed
+        under ``hits`` in the search event) when at least the start of its text made it into the observation
+        as kept after truncation; one whose text was cut partway is marked ``partial``, and one cut off
+        entirely is listed under ``cut`` and may come back in a later search."""
         if call.error is not None:
             t.event("error", kind="search_failed", message=call.error, queries=list(call.action.queries))
             self._append_observation(t, f"Error: {call.error}. You may search again or answer.")
             return
         k = self.limits.passages_per_search
-        blocks, record = [], []
-        for query, result in zip(call.action.queries, call.results, strict=True):
+        multi = len(call.action.queries) > 1
+        parts: list[str] = []
+        spans: list[tuple[int, Hit, int, int]] = []  # (query index, hit, start, end of its text in the body)
+        taken: set[str] = set()
+        offset = 0
+        for qi, (query, result) in enumerate(zip(call.action.queries, call.results, strict=True)):
+            head = f'Results for "{query}":\n' if multi else ""
             if isinstance(result, str):
-                blocks.append((query, result))
+                block = result
+            else:
+                fresh: list[Hit] = []
+                for hit in result:
+                    if hit.docid in taken or (self.limits.dedup_passages and hit.docid in shown):
+                        continue
+                    fresh.append(hit)
+                    taken.add(hit.docid)
+                    if len(fresh) == k:
+                        break
+                block, local = self.dialect.format_passages_with_spans(fresh) if fresh else ("No new results.", [])
+                base = offset + len(head)
+                spans.extend((qi, hit, base + a, base + b) for hit, (a, b) in zip(fresh, local, strict=True))
+            parts.append(head + block)
+            offset += len(parts[-1]) + 1
+        body = "\n".join(parts)
+        ids, kept = self._fit_observation(t, body)
+        record: list[dict[str, Any]] = []
+        for query, result in zip(call.action.queries, call.results, strict=True):
+            if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
+                t.event("error", kind="search_failed", message=str(result), queries=[query])
+            if isinstance(result, str):
                 record.append({"query": query, "text": result[:200]})
-                continue
-            fresh: list[Hit] = []
-            for hit in result:
-                if self.limits.dedup_passages and hit.docid in shown:
-                    continue
-                fresh.append(hit)
+            else:
+                record.append({"query": query, "hits": [], "cut": []})
+        for qi, hit, start, end in spans:
+            if kept > start:
                 shown.add(hit.docid)
-                if len(fresh) == k:
-                    break
-            body = self.dialect.format_passages(fresh) if fresh else "No new results."
-            blocks.append((query, body))
-            record.append({"query": query, "hits": [{"docid": h.docid, "title": h.title, "text": h.text[:1000]}
-                                                    for h in fresh]})
+                record[qi]["hits"].append({"docid": hit.docid, "title": hit.title, "text": hit.text[:1000],
+                                           "partial": bool(body[kept:end].strip())})
+            else:
+                record[qi]["cut"].append({"docid": hit.docid, "title": hit.title})
         t.event("search", tool=call.action.tool, queries=list(call.action.queries), results=record)
-        if len(blocks) == 1:
-            body = blocks[0][1]
-        else:
-            body = "\n".join(f'Results for "{q}":\n{b}' for q, b in blocks)
-        self._append_observation(t, body)
+        self._add_observation(t, ids, kept < len(body))
 
     # ----------------------------------------------------------------------------------- observations
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _append_observation(self, t: Trajectory, body: str, parent: int | None = None) -> None:
-        """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0)."""
+    def _fit_observation(self, t: Trajectory, body: str) -> tuple[list[int] | None, int]:
+        """The observation's ids within this trajectory's limits, and how many leading characters of ``body``
+        they hold (None and 0 when not even the tags fit)."""
         room = self.limits.max_completion_tokens - len(t.completion_ids)
-        budget = min(self.limits.max_observation_tokens, room)
-        ids, truncated = self._fit(body, budget)
+        return self._fit(body, min(self.limits.max_observation_tokens, room))
+
+    def _append_observation(self, t: Trajectory, body: str, parent: int | None = None) -> bool:
+        """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0).
+        False when it did not fit at all: the trajectory is then finished (``max_completion_tokens``)."""
+        ids, kept = self._fit_observation(t, body)
+        return self._add_observation(t, ids, kept < len(body), parent)
+
+    def _add_observation(self, t: Trajectory, ids: list[int] | None, truncated: bool,
+                         parent: int | None = None) -> bool:
         if ids is None:
+            # resuming without it would let the model continue right after its action tag, as if the
+            # environment had answered nothing: the trajectory ends here instead
             t.event("observation", tokens=0, truncated=True, dropped="no room left")
-            return
+            self._finish(t, "max_completion_tokens")
+            return False
         t.append(ids, ENV, parent=parent)
         t.event("observation", tokens=len(ids), truncated=truncated)
+        return True
 
-    def _fit(self, body: str, budget: int) -> tuple[list[int] | None, bool]:
-        """The wrapped observation's ids within ``budget`` tokens: the body is cut at a word boundary and
-        marked with '...', the closing tag always kept. None when not even the tags fit."""
+    def _fit(self, body: str, budget: int) -> tuple[list[int] | None, int]:
+        """The wrapped observation's ids within ``budget`` tokens and the number of leading characters of
+        ``body`` they hold: the body is cut at a word boundary and marked with '...', the closing tag always
+        kept. ``(None, 0)`` when not even the tags fit."""
         ids = self._encode(self.dialect.wrap_observation(body))
         if len(ids) <= budget:
-            return ids, False
+            return ids, len(body)
         overhead = len(self._encode(self.dialect.wrap_observation(" ..."))) + 1
         if overhead > budget:
-            return None, True
+            return None, 0
         body_ids = self._encode(body)
         keep = budget - overhead
         while keep > 0:
             cut = self.tokenizer.decode(body_ids[:keep], skip_special_tokens=False)
             if " " in cut.strip():
                 cut = cut[: cut.rstrip().rfind(" ")]
-            ids = self._encode(self.dialect.wrap_observation(cut.rstrip() + " ..."))
+            cut = cut.rstrip()
+            ids = self._encode(self.dialect.wrap_observation(cut + " ..."))
             if len(ids) <= budget:
-                return ids, True
+                return ids, len(os.path.commonprefix([cut, body]))
             keep -= max(1, len(ids) - budget)
         ids = self._encode(self.dialect.wrap_observation("..."))
-        return (ids, True) if len(ids) <= budget else (None, True)
+        return (ids, 0) if len(ids) <= budget else (None, 0)

@@ -10,15 +10,21 @@ implement just this.
 continuous batched decoder of :mod:`.decoding`. Besides ``generate`` it offers ``open_session``, which the
 engine uses to let each sequence pause for its search and resume while the others keep generating.
 Log-probabilities are ``log_softmax(logits / temperature)`` of the raw logits at the chosen token, before any
-top-k/top-p truncation: the quantity the trainer computes when it re-scores a completion.
+repetition penalty, top-k/top-p truncation or processor: the quantity the trainer (like TRL's GRPOTrainer)
+computes when it re-scores a completion. A repetition penalty changes what is sampled but not what is
+recorded (see :mod:`.decoding`): sampling is then off-policy, and the policy logs a warning.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .decoding import STOP_EOS, STOP_LENGTH, DecodeSession, Generation, Processor, SamplingParams
+
+log = logging.getLogger(__name__)
+_warned_penalties: set[float] = set()  # warn once per process and value, not at every rollout step
 
 __all__ = ["STOP_EOS", "STOP_LENGTH", "Generation", "HFPolicy", "Policy", "SamplingParams", "per_sequence_budgets"]
 
@@ -63,6 +69,12 @@ class HFPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
 
     def open_session(self, stop_strings: Sequence[str]) -> DecodeSession:
+        penalty = self.sampling.repetition_penalty
+        if penalty != 1.0 and self.return_logprobs and self.sampling.do_sample and penalty not in _warned_penalties:
+            _warned_penalties.add(penalty)
+            log.warning("repetition_penalty=%g: tokens are sampled from the penalized distribution, but the recorded "
+                        "log-probabilities (like the trainer's re-scoring) are the unpenalized model's; the samples "
+                        "are off-policy for training. Use 1.0 for on-policy GRPO.", penalty)
         return DecodeSession(self.model, self.tokenizer, stop_strings=stop_strings, eos_ids=self.eos_ids,
                              pad_id=self.pad_id, sampling=self.sampling, return_logprobs=self.return_logprobs,
                              processors=self.processors)

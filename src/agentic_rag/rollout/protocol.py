@@ -140,8 +140,28 @@ class Dialect:
     # ---------------------------------------------------------------------------------- observations
 
     def format_passages(self, hits: Sequence[Hit]) -> str:
-        return self.passage_joiner.join(
-            self.passage_template.format(i=i, title=h.title, text=h.text) for i, h in enumerate(hits, start=1))
+        return self.format_passages_with_spans(hits)[0]
+
+    def format_passages_with_spans(self, hits: Sequence[Hit]) -> tuple[str, list[tuple[int, int]]]:
+        """The passages' text and, per hit, the ``[start, end)`` character span of its ``{text}`` in it (the
+        whole passage when the template has no ``{text}``): the engine uses the spans to tell which passages
+        a truncated observation still shows."""
+        head_template, has_text, _ = self.passage_template.partition("{text}")
+        out: list[str] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for i, h in enumerate(hits, start=1):
+            if out:
+                pos += len(self.passage_joiner)
+            block = self.passage_template.format(i=i, title=h.title, text=h.text)
+            if has_text:
+                start = pos + len(head_template.format(i=i, title=h.title))
+                spans.append((start, start + len(h.text)))
+            else:
+                spans.append((pos, pos + len(block)))
+            out.append(block)
+            pos += len(block)
+        return self.passage_joiner.join(out), spans
 
     def wrap_observation(self, body: str) -> str:
         return f"\n\n{self.observation_open}\n{body}\n{self.observation_close}\n\n"

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from ..search.types import Hit, Searcher
+from ..search.types import Hit, PartialSearchError, Searcher
+
+
+class ToolError(str):
+    """One query's failure inside an otherwise answered batch: the text the model sees in its observation.
+    The engine records it as an error event (counted like a failed search); a plain ``str`` result is a
+    tool's ordinary text output."""
+
 
 ToolResult = list[Hit] | str
 
@@ -31,7 +38,13 @@ class SearchTool:
         self.searcher, self.name, self.description = searcher, name, description
 
     def batch(self, queries: Sequence[str], k: int) -> list[ToolResult]:
-        return list(self.searcher.batch_search(list(queries), k))
+        """Hits per query. A query the backend cannot answer (Lucene rejects it, say) gets a
+        :class:`ToolError` of its own; the other queries of the batch keep their hits."""
+        try:
+            return list(self.searcher.batch_search(list(queries), k))
+        except PartialSearchError as exc:
+            return [hits if hits is not None else ToolError(f"Search failed: {error}")
+                    for hits, error in zip(exc.results, exc.errors, strict=True)]
 
     @classmethod
     def open(cls, index: str, retriever: str = "bm25", name: str = "search", **kwargs) -> SearchTool:
