@@ -11,12 +11,15 @@ fi
 load_dotenv() {
   local f="${1:-$ROOT/.env}"
   [ -f "$f" ] || return 0
-  local line key
+  local line key n=0
   while IFS= read -r line || [ -n "$line" ]; do
+    n=$((n + 1))
     line="${line%%$'\r'}"
     [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
     key="${line%%=*}"; key="${key// /}"
-    [[ "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || { echo "ignoring malformed line in $f: $line" >&2; continue; }
+    # only the line number: the line may hold a secret (a value, or a key pasted without its name)
+    [[ "$line" == *=* && "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || {
+      echo "ignoring malformed line $n in $f (expected KEY=VALUE)" >&2; continue; }
     [ -n "${!key+x}" ] && continue
     local val="${line#*=}"
     val="${val#"${val%%[![:space:]]*}"}"

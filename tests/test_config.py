@@ -20,7 +20,7 @@ def good(world_dir, tiny_model_dir):
 def test_a_good_config_loads_with_defaults(good):
     cfg = config_from_dict(good, env={})
     assert cfg.algorithm.name == "grpo" and [r.name for r in cfg.rewards] == ["f1", "format"]
-    assert cfg.logging.swanlab_mode == "offline"
+    assert cfg.logging.swanlab_mode == "auto"
 
 
 def problems_of(data, env=None) -> list[str]:
@@ -69,6 +69,58 @@ EVERY_RULE = [
     ({"judge": {"base_url": "http://x/v1"}}, "judge.model is empty while judge.base_url is set"),
     ({"logging": {"swanlab_mode": "cloud"}}, "logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set"),
     ({"checkpoint": {"save_steps": 0}}, "checkpoint.save_steps must be a positive integer, got 0"),
+    ({"model": {"attn_implementation": "flash"}},
+     "model.attn_implementation must be one of sdpa, eager, flash_attention_2; got 'flash'"),
+    ({"model": {"lora_target_modules": []}}, "model.lora_target_modules must name modules (e.g. [q_proj, v_proj]) "
+                                             "or be [all-linear], got []"),
+    ({"model": {"lora_target_modules": ["all-linear", "q_proj"]}},
+     "model.lora_target_modules: all-linear already means every linear layer; list it alone"),
+    ({"model": {"adapter": "/no/adapter"}}, "model.adapter: no LoRA adapter at /no/adapter (a peft directory with "
+                                            "adapter_config.json"),
+    ({"rollout": {"summary_mode": "drop"}}, "rollout.summary_mode must be one of replace, keep; got 'drop'"),
+    ({"rollout": {"top_p": 1.5}}, "rollout.top_p must be in (0, 1], got 1.5"),
+    ({"rollout": {"max_searches": -1}}, "rollout.max_searches must be >= 0, got -1"),
+    ({"algorithm": {"learning_rate": 0}}, "algorithm.learning_rate must be > 0, got 0.0"),
+    ({"algorithm": {"max_steps": 0}}, "algorithm.max_steps must be a positive integer, got 0"),
+    ({"algorithm": {"num_iterations": 0}}, "algorithm.num_iterations must be a positive integer, got 0"),
+    ({"algorithm": {"gradient_accumulation_steps": 0}},
+     "algorithm.gradient_accumulation_steps must be a positive integer, got 0"),
+    ({"algorithm": {"per_device_train_batch_size": 0}},
+     "algorithm.per_device_train_batch_size must be a positive integer, got 0"),
+    ({"algorithm": {"warmup_ratio": 1.0}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), "
+                                           "got 1.0"),
+    ({"algorithm": {"warmup_ratio": -0.1}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1)"),
+    ({"algorithm": {"epsilon": 0}}, "algorithm.epsilon (the clip range below 1) must be in (0, 1), got 0.0"),
+    ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high (the clip range above 1) must be > 0, or unset"),
+    ({"algorithm": {"max_grad_norm": -1}}, "algorithm.max_grad_norm must be >= 0 (0 = no clipping), got -1.0"),
+    ({"data": {"train_file": ""}}, "data.train_file is empty: point it at a question file"),
+    ({"judge": {"fallback": "judge"}}, "judge.fallback must be one of exact_match, f1, cover_em; got 'judge'"),
+    ({"logging": {"swanlab_mode": "online"}},
+     "logging.swanlab_mode must be one of auto, offline, cloud, local, disabled; got 'online'"),
+    ({"model": "Qwen/Qwen2.5-7B"}, "model must be a mapping of settings (key: value lines), got str"),
+    ({"rewards": [{"name": "f1"}, {"name": "f1", "weight": 0.5}]},
+     "rewards[1].name 'f1' repeats rewards[0]: rewards are logged by name, so list each one once"),
+    ({"rewards": [{"name": "format", "params": {"partal": True}}]},
+     "rewards[0].params.partal is not a setting of the format reward; it takes partial"),
+    ({"rewards": [{"name": "f1", "params": {"partial": True}}]},
+     "rewards[0].params.partial is not a setting of the f1 reward; it takes none"),
+    ({"rewards": [{"name": "format", "params": {"partial": "yes"}}]}, "rewards[0].params.partial must be bool"),
+    ({"rewards": [{"name": "ragas", "params": {"metric": "recall"}}]},
+     "rewards[0].params.metric must be one of id_recall, id_precision, text_recall, context_relevance"),
+    ({"rewards": [{"name": "ragas", "params": {"metric": "faithfulness"}}]},
+     "rewards[0].params.metric faithfulness is judged by an LLM but judge.base_url is empty (JUDGE_BASE_URL in .env)"
+     "; or use a metric without one: id_recall, id_precision"),
+    ({"rewards": [{"name": "ragas", "params": {"metric": "text_recall"}}]},
+     "rewards[0].params.metric text_recall needs reference passages, which training questions do not carry"),
+    ({"rewards": [{"name": "ragas", "params": {"fallback": "faithfulness"}}]},
+     "rewards[0].params.fallback must be one of id_recall, id_precision; got 'faithfulness'"),
+    ({"curriculum": {"enabled": True, "stage": 3}},
+     "curriculum.stage must be 1 or 2 (or unset to switch at curriculum.stage2_step), got 3"),
+    ({"curriculum": {"stage": 2}}, "curriculum.stage is set but curriculum.enabled is false: enable the curriculum"),
+    ({"curriculum": {"enabled": True, "stage2_step": -1}}, "curriculum.stage2_step must be >= 0, got -1"),
+    ({"curriculum": {"enabled": True, "format_penalty": 2.0}},
+     "curriculum.format_penalty is paid for a malformed trajectory and must be <= 0, got 2.0"),
+    ({"curriculum": {"enabled": True, "retrieval_bonus": -0.5}}, "curriculum.retrieval_bonus must be >= 0, got -0.5"),
 ]
 
 
@@ -88,6 +140,69 @@ def test_all_rule_problems_come_at_once(good):
     data = {**good, "model": {"name_or_path": "", "lora_r": 0}, "algorithm": {"name": "ppo", "beta": -1.0},
             "rewards": [{"name": "bleu"}]}
     assert len(problems_of(data)) == 5
+
+
+def test_type_errors_and_rule_problems_come_together(good):
+    """A typo in one place does not hide a broken rule elsewhere; an unusable value is reported once."""
+    data = {**good, "model": {**good["model"], "lora_r": "sixteen"}, "algoritm": {},
+            "rollout": {"max_tokens_per_turn": 2048}, "rewards": [{"name": "ragas", "params": {"metric": "bleu"}}],
+            "data": {"train_file": 5}}
+    found = problems_of(data)
+    assert "model.lora_r must be int, got 'sixteen'" in found
+    assert "algoritm is not a setting; did you mean 'algorithm'?" in found
+    assert any(p.startswith("rollout.max_tokens_per_turn (2048) exceeds") for p in found)
+    assert any(p.startswith("rewards[0].params.metric must be one of id_recall") for p in found)
+    assert "data.train_file must be str, got 5" in found
+    assert not any(p.startswith("data.train_file is empty") for p in found), found  # not reported twice
+    assert len(found) == 5, found
+    # a file that is not a mapping at all says only that
+    assert problems_of(["model", "data"]) == ["the config must be a mapping of settings (key: value lines), got list"]
+
+
+def test_environment_and_set_problems_name_their_source(good, tmp_path):
+    found = problems_of(good, env={"SWANLAB_MODE": "clod"})
+    assert found == ["logging.swanlab_mode must be one of auto, offline, cloud, local, disabled; got 'clod' "
+                     "(did you mean 'cloud'?) (from SWANLAB_MODE in the environment or .env)"]
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(good, env={}, overrides={"algorithm.max_steps": "many", "rollout.top_p": "2"})
+    assert info.value.problems == [
+        "--set algorithm.max_steps=many gives an invalid value: algorithm.max_steps must be int, got 'many'",
+        "rollout.top_p must be in (0, 1], got 2.0 (from --set rollout.top_p)"]
+    # sections and the reward list are built like the file's, never stored as raw YAML
+    cfg = config_from_dict(good, env={}, overrides={"rewards": "[{name: cover_em, weight: 2}]"})
+    assert cfg.rewards[0].name == "cover_em" and cfg.rewards[0].weight == 2.0
+    with pytest.raises(ConfigError, match=r"--set rewards=\[\{nme: f1\}\] gives an invalid value: rewards\[0\]"
+                                          r"\.nme is not a setting; did you mean 'name'\?"):
+        config_from_dict(good, env={}, overrides={"rewards": "[{nme: f1}]"})
+
+
+def test_command_line_and_file_problems_name_the_fix(good, tmp_path, capsys):
+    from agentic_rag.training.train import main, parse_overrides
+
+    with pytest.raises(ConfigError) as info:
+        parse_overrides(["algorithm.max_steps"])
+    assert info.value.problems == ["--set expects KEY=VALUE, got 'algorithm.max_steps'"]
+    assert parse_overrides(["rollout.top_p=0.9", "data.system_prompt=a=b"]) == {"rollout.top_p": "0.9",
+                                                                               "data.system_prompt": "a=b"}
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "missing.yaml")
+    assert info.value.problems == [f"no such config file: {tmp_path / 'missing.yaml'} (the shipped ones are "
+                                   f"experiments/training/*.yaml)"]
+    # train.py's data check: a question file with no questions, found by --check before any model loads
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**good, "data": {"train_file": str(empty)}}))
+    assert main(["--config", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.train_file {empty} holds no questions: point it at a question file" in err
+    # ... and a malformed one, with its line, and no traceback
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("")
+    path.write_text(yaml.safe_dump({**good, "data": {"train_file": str(blank)}}))
+    assert main(["--config", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{blank}:1: the file is empty" in err and "Traceback" not in err
 
 
 def test_environment_overrides_and_set(good, tmp_path, world_dir):
@@ -118,6 +233,15 @@ def test_train_check_reports_before_loading_anything(good, tmp_path, capsys):
     ok = tmp_path / "ok.yaml"
     ok.write_text(yaml.safe_dump(good))
     assert main(["train", "--config", str(ok), "--check"]) == 0
+    assert "OK (" in capsys.readouterr().out
+    # rules that used to wait for the model to load are --check's now
+    late = tmp_path / "late.yaml"
+    late.write_text(yaml.safe_dump({**good, "rewards": [{"name": "ragas", "params": {"metric": "faithfulness"}},
+                                                        {"name": "ragas"}]}))
+    assert main(["train", "--config", str(late), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "rewards[0].params.metric faithfulness is judged by an LLM but judge.base_url is empty" in err
+    assert "rewards[1].name 'ragas' repeats rewards[0]" in err
 
 
 def test_every_setting_has_help():

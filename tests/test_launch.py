@@ -30,6 +30,9 @@ def config(tmp_path: Path, model_dir: Path, world_dir: Path, **over) -> Path:
         "checkpoint": {"output_dir": str(tmp_path / "out"), "save_steps": 1, "save_total_limit": None},
     }
     for dotted, value in over.items():
+        if "__" not in dotted:  # a top-level setting, e.g. gpu_memory_gb
+            cfg[dotted] = value
+            continue
         section, key = dotted.split("__")
         cfg[section][key] = value
     path = tmp_path / "train.yaml"
@@ -44,23 +47,81 @@ def env() -> dict[str, str]:
     return e
 
 
+# Secrets a user may have in the environment or .env: none may reach a log, the saved config or the summary.
+SECRETS = {"SWANLAB_API_KEY": "swl-secret-5c1e7a", "JUDGE_API_KEY": "judge-secret-9d2b44",
+           "OPENAI_API_KEY": "sk-secret-openai-31f0"}
+DOTENV_SECRET = "sk-pasted-without-a-name-77aa"  # a malformed .env line: the launch script must not echo it
+
+
+def with_secrets(e: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    dotenv = tmp_path / "secrets.env"
+    dotenv.write_text(f"# a comment\n{DOTENV_SECRET}\nBAD KEY-NAME={DOTENV_SECRET}\nJUDGE_API_KEY=file-value\n")
+    return {**e, **SECRETS, "ENV_FILE": str(dotenv)}
+
+
+def assert_no_secret(*texts: str, roots: tuple[Path, ...] = ()) -> None:
+    blobs = [t.encode() for t in texts] + [p.read_bytes() for r in roots for p in r.rglob("*") if p.is_file()]
+    assert blobs
+    for secret in [*SECRETS.values(), DOTENV_SECRET]:
+        assert not any(secret.encode() in b for b in blobs), secret
+
+
+def lora_tensors(adapter_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def word_model_dir(tmp_path_factory) -> Path:
+    """A random-init tiny model over the world's 235-word vocabulary, every tag one token: its random samples
+    contain tags, answers and malformed ones often enough that rewards differ within a group, so a GRPO step
+    has a signal (the Qwen-vocabulary model's random text all scores the same, and its adapter never moves)."""
+    from agentic_rag.data.world import generate_world
+    from agentic_rag.demo.quickstart import task_texts
+    from agentic_rag.demo.tiny import build_word_tokenizer, init_tiny_model
+
+    d = tmp_path_factory.mktemp("word_model")
+    return init_tiny_model(build_word_tokenizer(task_texts(generate_world(0)), d / "tokenizer"), d / "model")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
-def test_zero_scripts_run_two_steps_with_two_cpu_processes(tmp_path, tiny_model_dir, world_dir, stage):
-    cfg = config(tmp_path, tiny_model_dir, world_dir)
+def test_zero_scripts_run_two_steps_with_two_cpu_processes(tmp_path, word_model_dir, world_dir, stage):
+    # gpu_memory_gb: a tiny budget, so the pre-load memory estimate runs (and warns) on this CPU-only machine
+    cfg = config(tmp_path, word_model_dir, world_dir, gpu_memory_gb=0.001,
+                 rewards=[{"name": "f1", "weight": 1.0}, {"name": "format", "weight": 1.0,
+                                                         "params": {"partial": True}}])
     script = ROOT / "script" / "training" / f"train_zero{stage}.sh"
-    e = env()
+    e = with_secrets(env(), tmp_path)
     e["AGENTIC_RAG_NO_VENV"] = "" if (ROOT / ".venv").exists() else "1"
     out = subprocess.run(["bash", str(script), str(cfg)], capture_output=True, text=True, timeout=900, env=e,
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
     assert f"ZeRO-{stage} on 2 CPU process(es)" in out.stderr
+    assert "ignoring malformed line 2 in" in out.stderr and "ignoring malformed line 3 in" in out.stderr
     summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
     assert summary["global_step"] == 2 and summary["world_size"] == 2
+    # DeepSpeed really ran this stage, and the memory estimate assumed it (and both processes)
+    assert summary["deepspeed_zero_stage"] == stage
+    assert summary["memory_estimate"]["zero"] == stage and summary["memory_estimate"]["gpus"] == 2
+    assert f"2 process(es) with DeepSpeed ZeRO-{stage}" in out.stderr
     assert (tmp_path / "out" / "final" / "adapter_config.json").is_file()
     assert (tmp_path / "out" / "checkpoint-2" / ".complete").is_file()
     steps = [h for h in summary["log_history"] if "loss" in h]
     assert [h["step"] for h in steps] == [1, 2]
+    # the saved adapter holds the full, trained weights (ZeRO-3: gathered, not the empty local shards): LoRA B
+    # starts at zero, and step 2 moved the weights saved at step 1
+    final = lora_tensors(tmp_path / "out" / "final")
+    first = lora_tensors(tmp_path / "out" / "checkpoint-1")
+    assert final and set(final) == set(first)
+    r = json.loads((tmp_path / "out" / "final" / "adapter_config.json").read_text())["r"]
+    for name, t in final.items():
+        assert t.numel() > 0 and r in t.shape, (name, t.shape)
+        if "lora_B" in name:
+            assert t.abs().sum() > 0, f"{name} is still at its zero initialisation"
+    assert sum(not bool((final[n] == first[n]).all()) for n in final) >= len(final) // 2
+    assert_no_secret(out.stdout, out.stderr, roots=(tmp_path / "out",))
 
 
 def _complete(out: Path) -> set[str]:
@@ -72,7 +133,7 @@ def test_sigkill_then_resume_loses_no_checkpoint_and_continues_the_step_count(tm
     cfg = config(tmp_path, tiny_model_dir, world_dir, algorithm__max_steps=5, algorithm__beta=0.01,
                  logging__swanlab_mode="offline")
     out = tmp_path / "out"
-    e = env()
+    e = with_secrets(env(), tmp_path)
     e["SWANLAB_LOG_DIR"] = str(tmp_path / "swanlog")
     cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config", str(cfg)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=e, cwd=ROOT,
@@ -84,6 +145,7 @@ def test_sigkill_then_resume_loses_no_checkpoint_and_continues_the_step_count(tm
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    killed_stderr = proc.stderr.read()
     survived = _complete(out)
     assert "checkpoint-2" in survived and not (out / "final").exists()
     # a checkpoint left half-written by a kill during saving is not mistaken for one
@@ -110,17 +172,17 @@ def test_sigkill_then_resume_loses_no_checkpoint_and_continues_the_step_count(tm
                 b"train/agentic/env_tokens_masked", b"train/clip_ratio/region_mean", b"samples/table"):
         assert key in blob, key
     assert "swanlab watch" in resumed.stderr
+    assert_no_secret(killed_stderr, resumed.stdout, resumed.stderr, roots=(out, tmp_path / "swanlog"))
 
 
-def test_sft_masks_environment_tokens_and_trains(tmp_path, tiny_model_dir, world_dir, qwen_tokenizer):
+def sft_file(tmp_path, tok, world_dir):
+    """Six scripted trajectories (search the gold title, read, answer) at token level, and one at text level."""
     from agentic_rag.data.prompts import build_prompt
     from agentic_rag.data.questions import read_questions
     from agentic_rag.rollout import AgentRollout
     from agentic_rag.rollout.scripted import ScriptedPolicy
     from agentic_rag.search import open_searcher
-    from agentic_rag.training.sft import read_examples, run_sft
 
-    tok = qwen_tokenizer
     rows = [r for r in read_questions(world_dir / "world" / "train.jsonl") if len(r.gold_titles) == 1][:6]
     scripts = {r.question: [f"<search>{r.gold_titles[0]}</search>", f"<answer>{r.answers[0]}</answer>"] for r in rows}
     trajs = AgentRollout(ScriptedPolicy(tok, scripts), tok, open_searcher(world_dir / "index")).run(
@@ -133,6 +195,15 @@ def test_sft_masks_environment_tokens_and_trains(tmp_path, tiny_model_dir, world
         f.write(json.dumps({"question": rows[0].question,
                             "completion": "<search>x</search>\n\n<observation>\ntext\n</observation>\n\n"
                                           "<answer>y</answer>"}) + "\n")
+    return data, rows, trajs
+
+
+def test_sft_masks_environment_tokens_and_trains(tmp_path, tiny_model_dir, world_dir, qwen_tokenizer):
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.training.sft import read_examples, run_sft
+
+    tok = qwen_tokenizer
+    data, rows, trajs = sft_file(tmp_path, tok, world_dir)
     examples, skipped = read_examples(data, tok)
     assert len(examples) == 7 and skipped == 0
     ex = examples[0]
@@ -157,3 +228,43 @@ def test_sft_masks_environment_tokens_and_trains(tmp_path, tiny_model_dir, world
     with pytest.raises(ValueError, match="sft.jsonl:1: a line needs"):
         (tmp_path / "sft.jsonl").write_text('{"foo": 1}\n')
         read_examples(tmp_path / "sft.jsonl", tok)
+
+
+def test_sft_trainer_batches_put_no_label_on_environment_tokens(tmp_path, tiny_model_dir, world_dir, qwen_tokenizer):
+    """What SFTTrainer really trains on: its collated batch has label -100 on the prompt, on every observation
+    token and on padding, the token itself everywhere else; its loss is the cross-entropy of the model-written
+    tokens alone."""
+    import torch
+    import torch.nn.functional as F
+
+    from agentic_rag.training.sft import build_sft_trainer
+
+    data, _, _ = sft_file(tmp_path, qwen_tokenizer, world_dir)
+    trainer, examples, _ = build_sft_trainer(model=str(tiny_model_dir), data=str(data),
+                                             output_dir=str(tmp_path / "sft"), batch_size=4, lora_r=4, lora_alpha=8)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(examples))])
+    labels = batch["labels"]
+    env_positions = 0
+    for i, ex in enumerate(examples):
+        n = len(ex.input_ids)
+        assert batch["input_ids"][i, :n].tolist() == ex.input_ids
+        assert labels[i, :n].tolist() == [t if m else -100 for t, m in zip(ex.input_ids, ex.completion_mask,
+                                                                           strict=True)]
+        assert (labels[i, n:] == -100).all()
+        prompt = ex.completion_mask.index(1)
+        env_positions += ex.completion_mask[prompt:].count(0)  # observations inside the completion
+    assert env_positions > 50
+
+    model = trainer.model
+    model.train()
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    target = labels[:, 1:]
+    trained = target != -100
+    expected = F.cross_entropy(logits[:, :-1][trained], target[trained])
+    assert torch.allclose(loss, expected, atol=1e-4), (loss, expected)
+    # the masking matters: the loss over every real token (observations included) is another number
+    everything = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+    real = everything != -100
+    assert (F.cross_entropy(logits[:, :-1][real], everything[real]) - expected).abs() > 1e-3

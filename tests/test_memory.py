@@ -285,3 +285,92 @@ def test_estimate_matches_a_measured_cpu_training_step():
     for name, term in result["terms"].items():
         assert abs(term["error"]) <= memory_check.TARGET_ERROR, (name, term)
     assert result["terms"]["weights"]["measured_mib"] > 500  # the measurement saw the fp32 weights
+
+
+# ------------------------------------------------------------------------------ the trainer's pre-load check
+
+
+def test_fit_warning_is_logged_before_the_model_loads(tmp_path, tiny_model_dir, world_dir, monkeypatch):
+    import logging
+
+    from agentic_rag.config import load_config
+    from agentic_rag.training import model as model_module
+    from agentic_rag.training.train import run
+    from test_launch import config
+
+    events: list[tuple[str, str]] = []
+
+    class Record(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                events.append(("warning", record.getMessage()))
+
+    class Loaded(Exception):
+        pass
+
+    def load(cfg, **kw):
+        events.append(("load", cfg.name_or_path))
+        raise Loaded
+
+    monkeypatch.setattr(model_module, "load_base_model", load)
+    handler = Record()
+    logger = logging.getLogger("agentic_rag.train")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(Loaded):  # a tiny GPU: the estimate must warn, and before the (long) model load
+            run(load_config(config(tmp_path, tiny_model_dir, world_dir, gpu_memory_gb=0.001)))
+    finally:
+        logger.removeHandler(handler)
+    assert [kind for kind, _ in events] == ["warning", "load"]
+    assert "memory estimate" in events[0][1] and "0.0 GiB" in events[0][1]
+
+
+def test_the_estimate_uses_the_launch_stage_and_the_runs_real_lengths(tmp_path, tiny_model_dir, world_dir,
+                                                                      monkeypatch, qwen_tokenizer):
+    from agentic_rag.config import load_config
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.data.questions import read_questions
+    from agentic_rag.training.train import fit_check, memory_setup
+    from test_launch import config
+
+    cfg = load_config(config(tmp_path, tiny_model_dir, world_dir, gpu_memory_gb=0.001,
+                             model__lora_target_modules=["q_proj", "v_proj"], model__lora_dropout=0.1))
+    # what accelerate sets in each process of a 2-process launch by train_zero3.sh
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    setup, warning = fit_check(cfg)
+    assert setup.zero == 3 and setup.gpus == 2
+    assert "2 process(es) with DeepSpeed ZeRO-3" in warning
+    # the real prompt length (the longest templated training prompt), LoRA targets and dropout
+    questions = read_questions(cfg.data.train_file, limit=cfg.data.limit)
+    longest = max(len(build_prompt(qwen_tokenizer, q.question)) for q in questions)
+    assert setup.max_prompt == longest and longest != 512
+    assert setup.lora_targets == ("q_proj", "v_proj") and setup.lora_dropout == 0.1 and setup.lora_rank == 4
+    assert setup.max_completion == cfg.rollout.max_completion_tokens
+    assert setup.micro_batch == 2 and setup.rollout_sequences == 2  # 2 completions per GPU per round
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert memory_setup(cfg).zero == 2
+
+
+def test_the_zero3_script_tells_the_trainer_its_stage(tmp_path):
+    """train_zero3.sh exports the stage the estimate reads (its accelerate config names only a DeepSpeed file)."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "stage=$ACCELERATE_DEEPSPEED_ZERO_STAGE args=$*"\n')
+    fake.chmod(0o755)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env.update(AGENTIC_RAG_NO_VENV="1", PYTHON=str(fake), USE_CPU="1", ENV_FILE="/nonexistent")
+    for stage in (2, 3):
+        out = subprocess.run(["bash", str(ROOT / "script" / "training" / f"train_zero{stage}.sh"), str(cfg)],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert f"stage={stage} " in out.stdout
+        assert f"experiments/training/accelerate/zero{stage}_cpu.yaml" in out.stdout
+        ds = (ROOT / "experiments" / "training" / "accelerate" / f"zero{stage}_cpu.yaml").read_text()
+        assert f"deepspeed/zero{stage}.json" in ds
+        assert json.loads((ROOT / "experiments" / "training" / "deepspeed" / f"zero{stage}.json").read_text())[
+            "zero_optimization"]["stage"] == stage

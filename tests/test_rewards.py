@@ -116,6 +116,27 @@ def test_curriculum_golden_values():
     assert [f.__name__ for f in funcs] == ["curriculum"] and weights == [1.0]
 
 
+def test_curriculum_fixed_stage_pays_that_stage_at_every_step():
+    two = Curriculum(stage2_step=10, fixed_stage=2)
+    assert two.stage(0) == 2 and two.reward(0, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 0.3
+    assert Curriculum(stage2_step=10, fixed_stage=1).stage(500) == 1
+    with pytest.raises(ValueError, match="fixed_stage must be 1, 2 or None"):
+        Curriculum(fixed_stage=3)
+    # through the training reward: a well-formed, retrieving trajectory at step 0
+    cfg = ExperimentConfig()
+    cfg.curriculum.enabled, cfg.curriculum.stage2_step = True, 100
+    view = {"question": "Capital?", "answer": "Paris", "events": [SEARCH, OBS], "finish_reason": "answer",
+            "model_text": "<think>a</think><search>q</search><think>b</think><answer>Paris</answer>"}
+    logged = {}
+    kw = {"trajectory": [view], "answers": [["Paris"]], "trainer_state": type("S", (), {"global_step": 0}),
+          "log_metric": lambda k, v: logged.update({k: v})}
+    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.5]  # stage 1: format 1 + retrieval bonus 0.5
+    assert logged["curriculum/stage"] == 1.0
+    cfg.curriculum.stage = 2
+    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.0]  # stage 2: the answer's F1
+    assert logged["curriculum/stage"] == 2.0
+
+
 def test_ragas_non_llm_metrics_golden():
     q = RetrievalQuality("id_recall")
     items = [RetrievedContext("q", "a", ["A", "B", "C"], ["", "", ""], ["A", "D"]),
@@ -171,14 +192,39 @@ def test_ragas_llm_metric_through_an_openai_compatible_endpoint(fake_llm):
     from agentic_rag.rewards.rag import LLMEndpoint
 
     q = RetrievalQuality("context_relevance", LLMEndpoint(fake_llm, "judge", timeout_s=5))
-    items = [RetrievedContext("Who?", "A", ["T"], ["some passage"], []),
-             RetrievedContext("Who?", "A", [], [], [])]
-    assert q.score_batch(items) == [1.0, None]
-    assert _FakeLLM.calls >= 2 and q.failures == 0
-    _FakeLLM.status = 500
-    assert q.score_batch(items[:1]) == [None] and q.failures == 1  # counted, not crashed
+    items = [RetrievedContext("Who?", "A", ["T", "U"], ["some passage", "another"], ["T", "V"]),
+             RetrievedContext("Who?", "A", [], [], ["T"]),
+             RetrievedContext("Who?", "A", ["T"], ["some passage"], [])]
+    assert q.score_batch(items) == [1.0, None, 1.0]  # None: nothing retrieved, nothing to judge
+    assert _FakeLLM.calls >= 2 and q.failures == 0 and q.last_failures == 0
+    _FakeLLM.status = 400  # a client error: failed at once, no retries
+    # a failed call is counted and scored by the fallback (id_recall: 1 of 2 gold titles), never "not applicable";
+    # None only where the fallback itself does not apply (no gold titles)
+    assert q.score_batch(items) == [0.5, None, None]
+    assert q.failures == 2 and q.last_failures == 2
+    p = RetrievalQuality("context_relevance", LLMEndpoint(fake_llm, "judge", timeout_s=5), fallback="id_precision")
+    assert p.score_batch(items[:1]) == [0.5] and p.last_failures == 1
     with pytest.raises(ValueError, match="needs a judge endpoint"):
         RetrievalQuality("faithfulness")
+    with pytest.raises(ValueError, match="fallback must be one of id_recall, id_precision"):
+        RetrievalQuality("faithfulness", LLMEndpoint(fake_llm, "judge"), fallback="text_recall")
+
+
+def test_ragas_reward_falls_back_and_says_so(fake_llm, caplog):
+    cfg = ExperimentConfig()
+    cfg.judge = JudgeConfig(base_url=fake_llm, model="judge", timeout_s=5)
+    reward = make_reward(RewardSpec("ragas", params={"metric": "context_relevance"}), cfg)
+    hits = [{"title": "T", "text": "about T"}, {"title": "U", "text": "about U"}]
+    views = [{"question": "Who?", "answer": "A", "events": [{"type": "search", "results": [{"hits": hits}]}]},
+             {"question": "Who?", "answer": "A", "events": []}]
+    logged = {}
+    kw = {"trajectory": views, "gold_titles": [["T", "V"], ["T"]], "log_metric": lambda k, v: logged.update({k: v})}
+    assert reward(None, None, None, **kw) == [1.0, None]
+    assert logged["rewards/ragas/failures"] == 0.0 and "RAGAS" not in caplog.text
+    _FakeLLM.status = 400  # a client error: failed at once, no retries
+    assert reward(None, None, None, **kw) == [0.5, None]  # id_recall decides instead
+    assert logged["rewards/ragas/failures"] == 1.0
+    assert "RAGAS context_relevance failed on 1 of 2 completions; scored them with id_recall instead" in caplog.text
 
 
 def test_judge_reward_falls_back_and_says_so(fake_llm, caplog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ def varied_reward(prompts, completions, completion_ids, **kw):
 
 
 def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", quantization="none",
-                 reward=varied_reward, max_steps=2, dialect="agentic"):
+                 reward=varied_reward, max_steps=2, dialect="agentic", rows=None):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -33,8 +34,10 @@ def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", 
     cfg = ModelConfig(name_or_path=str(model_dir), quantization=quantization, lora_r=4, lora_alpha=8,
                       lora_dropout=0.0, gradient_checkpointing=False)
     model = load_base_model(cfg)
-    rows = read_questions(world_dir / "world" / "train.jsonl", limit=8)
-    data = Dataset.from_list([{"prompt": r.question, "answers": r.answers} for r in rows])
+    if rows is None:
+        rows = [{"prompt": r.question, "answers": r.answers}
+                for r in read_questions(world_dir / "world" / "train.jsonl", limit=8)]
+    data = Dataset.from_list(rows)
     args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=96, max_steps=max_steps, learning_rate=5e-2, beta=beta, report_to=[],
                       use_cpu=True, save_strategy="no", logging_steps=1, seed=0, disable_dropout=True,
@@ -238,3 +241,101 @@ def test_qlora_nf4_trains_on_cpu(tiny_model_dir, world_dir, tmp_path):
     trainer.train()  # generation (eval-mode forwards) then training steps: the repacking bug would fail here
     after = lora_state(trainer.model)
     assert sum(not torch.equal(before[n], after[n]) for n in before) >= len(before) // 2
+
+
+def test_medqa_training_shows_the_options_and_the_choice_reward_scores_letters(tiny_model_dir, world_dir, tmp_path):
+    """Training prompts a multiple-choice question as evaluation does; the choice reward gets its columns."""
+    from agentic_rag.config import ExperimentConfig
+    from agentic_rag.training.rewards import ChoiceReward
+    from agentic_rag.training.train import training_rows
+    from conftest import shared
+
+    cfg = ExperimentConfig()
+    cfg.data.train_file, cfg.data.limit = str(shared("medqa/medqa_us_4opt_test.jsonl")), 2
+    rows = training_rows(cfg)
+    assert rows[0]["answer_idx"] == "B" and "\n\nOptions:\nA. Disclose the error" in rows[0]["prompt"]
+    seen = {}
+    choice = ChoiceReward()
+
+    def spy(prompts, completions, completion_ids, trajectory, **kw):
+        seen.update(prompts=prompts, trajectory=trajectory, kw=kw)
+        return choice(prompts, completions, completion_ids, trajectory, **kw)
+
+    spy.__name__ = "choice"
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, reward=spy, max_steps=1, rows=rows)
+    trainer.model.eval()
+    out = trainer._generate_and_score_completions([rows[0], rows[0], rows[1], rows[1]])
+    # the model was shown the options: in the prompt tokens and in what the rewards see as the question
+    prompt_text = trainer.processing_class.decode(out["prompt_ids"][0], skip_special_tokens=True)
+    assert "Options:\nA. Disclose the error" in prompt_text and prompt_text.count("\nD. ") == 1
+    assert all("Options:\nA. " in t["question"] for t in seen["trajectory"])
+    assert seen["kw"]["answer_idx"] == ["B", "B", rows[1]["answer_idx"], rows[1]["answer_idx"]]
+    assert set(seen["kw"]["options"][0]) == {"A", "B", "C", "D"}
+    # and the reward pays the gold letter (or the gold option's text), nothing else
+    kw = {k: seen["kw"][k][:1] for k in ("options", "answer_idx")}
+    gold_text = rows[0]["options"]["B"]
+    pay = [choice(None, None, None, [{"answer": a}], **kw)[0] for a in ("B", "b", gold_text, "A", None)]
+    assert pay == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_a_stage_two_config_starts_from_the_stage_one_adapter_and_pays_stage_two(tiny_model_dir, world_dir,
+                                                                                 tmp_path):
+    """R1-Searcher's curriculum as two configs: stage 2 loads the stage-1 adapter (model.adapter), trains it on
+    with the stage-2 reward from step 0 (curriculum.stage: 2), and saves it."""
+    from peft import get_peft_model
+    from safetensors.torch import load_file
+
+    from agentic_rag.config import ModelConfig, config_from_dict
+    from agentic_rag.training.model import load_base_model, lora_config
+    from agentic_rag.training.train import policy_model, run
+
+    # a stage-1 adapter, as a stage-1 run leaves it in OUTPUT_DIR/final: non-zero LoRA weights, peft format
+    mcfg = ModelConfig(name_or_path=str(tiny_model_dir), lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                       lora_target_modules=["q_proj", "v_proj"], gradient_checkpointing=False)
+    torch.manual_seed(0)
+    stage1 = get_peft_model(load_base_model(mcfg), lora_config(mcfg))
+    with torch.no_grad():
+        for n, p in stage1.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    stage1.save_pretrained(tmp_path / "stage1")
+    stage1_weights = lora_state(stage1)
+
+    data = {"model": {"name_or_path": str(tiny_model_dir), "adapter": str(tmp_path / "stage1"),
+                      "gradient_checkpointing": False, "lora_r": 16},  # the adapter's rank wins
+            "data": {"train_file": str(world_dir / "world" / "train.jsonl"), "limit": 4},
+            "search": {"index": str(world_dir / "index")},
+            "rollout": {"max_turns": 2, "max_tokens_per_turn": 12, "max_completion_tokens": 96,
+                        "passages_per_search": 1, "max_observation_tokens": 48},
+            "curriculum": {"enabled": True, "stage": 2, "stage2_step": 1000},
+            "algorithm": {"num_generations": 2, "per_device_train_batch_size": 4, "max_steps": 1,
+                          "learning_rate": 5e-2, "beta": 0.001},  # the recipe's KL: to the stage-1 adapter
+            "logging": {"swanlab_mode": "disabled"},
+            "checkpoint": {"output_dir": str(tmp_path / "stage2")}}
+    cfg = config_from_dict(data, env={})
+    model, peft_config = policy_model(cfg)
+    assert peft_config is None  # the trainer must not put a fresh adapter on top
+    loaded = lora_state(model)
+    assert loaded.keys() == stage1_weights.keys()
+    assert all(torch.equal(loaded[n], stage1_weights[n]) for n in loaded)
+    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    assert model.peft_config["default"].r == 4
+    del model
+
+    result = run(cfg)
+    summary = json.loads((tmp_path / "stage2" / "train_summary.json").read_text())
+    logs = summary["log_history"][0]
+    assert result["global_step"] == 1
+    assert logs["curriculum/stage"] == 2.0  # stage 2 from step 0, though stage2_step is 1000
+    # a random model's output is malformed: stage 2 pays the format penalty (stage 1 never pays below 0)
+    assert logs["rewards/curriculum/mean"] == -2.0
+    assert logs["kl"] == 0.0  # the reference is the loaded adapter itself (TRL's frozen "ref" copy of it)
+    # the adapter it saved is the stage-1 adapter carried on (same modules and rank, its non-zero weights;
+    # a constant reward gives zero advantages, so this step left them where they were), not a fresh one
+    final_dir = tmp_path / "stage2" / "final"
+    assert json.loads((final_dir / "adapter_config.json").read_text())["r"] == 4
+    final = load_file(str(final_dir / "adapter_model.safetensors"))
+    stage1_by_key = {n.replace(".default", ""): w for n, w in stage1_weights.items()}  # peft drops the name
+    assert set(final) == set(stage1_by_key)
+    assert all(torch.allclose(final[k], stage1_by_key[k]) for k in final)
+    assert any(k.endswith("lora_B.weight") and final[k].abs().sum() > 0 for k in final)

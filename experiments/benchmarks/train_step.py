@@ -1,26 +1,44 @@
 """Seconds per GRPO step: AgenticGRPOTrainer (multi-turn, searching) against vanilla TRL GRPOTrainer (single turn).
 
-    python experiments/benchmarks/train_step.py [--steps 5] [--completion 128]
+    python experiments/benchmarks/train_step.py [--steps 5] [--model-tokens 64] [--obs 32]
 
-Same tiny random-init Qwen2-architecture model (4 layers, hidden 128, the real Qwen2 vocabulary), same LoRA,
-same batch (8 completions: 2 questions x 4 generations), on CPU, same number of completion tokens per
-sequence. Vanilla TRL generates ``--completion`` tokens in one turn (min_new_tokens = max). Ours runs the
-rollout engine: every trajectory searches twice (a real BM25 index over the fictional world) and answers;
-a logits processor decides when the random model writes its tags, and the turn lengths are chosen so that
-model tokens plus inserted observation tokens make about the same completion length (both means reported).
+What is compared, exactly:
 
-Each trainer runs in its own process (so peak memory is its own): step time is the median of TRL's logged
-``step_time`` over the steps after the first; peak memory is the process's maximum resident set size.
-The last line printed is one JSON object with ``step_time_ratio`` (ours / TRL; target <= 1.15),
-``peak_mem_ours_mb`` and ``peak_mem_trl_mb``.
+* **Model, adapter, batch, optimisation**: the same tiny random-init Qwen2-architecture model (4 layers, hidden
+  128, the real Qwen2 vocabulary), the same LoRA (r=8, every linear layer), the same GRPOConfig (8 completions
+  per step: 2 questions x 4 generations, lr, seed, loss), on CPU, each trainer in its own process.
+* **Prompts**: the same questions and the same prompt token ids on both sides: the agentic dialect's plain-text
+  (base-model) prompt, ``build_prompt(tok, question, chat=False)``. Ours builds it; vanilla TRL gets its text and
+  tokenizes it itself. Each side records the prompt ids it actually trained on, and the script stops if they
+  differ (``prompt_ids_identical`` is reported).
+* **Ours**: every trajectory searches twice (a real BM25 index over the fictional world) and answers. A logits
+  processor makes the random model write its tags: each turn samples a planned number of free tokens, then the
+  turn's tag is forced token by token. The plan makes the model write exactly ``--model-tokens`` tokens per
+  trajectory; the environment inserts two observations (at most ``--obs`` tokens each) and the closing
+  end-of-sequence token (environment tokens, masked out of the loss but scored in the forward pass).
+* **Vanilla TRL**, twice: (1) ``min_new_tokens = max_new_tokens = `` our mean model-token count (measured), so
+  both decode the same number of model tokens: ``step_time_ratio``; (2) as many tokens as our mean total
+  completion length (model + environment tokens), so both score sequences of the same length:
+  ``step_time_ratio_equal_length``. Ours does more work per step than (1) (searches, observations, a longer
+  loss forward) and less decoding than (2).
+* **Token counts are measured**, not assumed, from the batches each trainer scored (``prompt_mask``,
+  ``completion_mask`` and the environment mask): mean prompt tokens, model-decoded tokens and environment
+  tokens per completion, for every run (``tokens``).
+
+Step time is the median of TRL's logged ``step_time`` over the steps after the first; peak memory is the process's
+maximum resident set size. The last line printed is one JSON object with ``step_time_ratio`` (ours / TRL at equal
+model-decoded tokens; target <= 1.15), ``step_time_ratio_equal_length``, ``peak_mem_ours_mb`` and
+``peak_mem_trl_mb`` (the equal-model-tokens TRL run), and the measured ``tokens`` of each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 TOKENIZER = ROOT.parent / "shared/data/rtp-llm-qwen-tokenizer/qwen2_tokenizer"
+GENERATIONS, QUESTIONS_PER_STEP = 4, 2
 
 
 def build(work: Path) -> None:
@@ -50,100 +69,148 @@ def build(work: Path) -> None:
     build_index(paths["corpus"], work / "index", progress=False)
 
 
-def child(kind: str, work: Path, steps: int, completion: int) -> dict:
+def turn_plans(tok, rows, model_tokens: int) -> tuple[dict[str, list[int]], dict[str, list[str]]]:
+    """Free tokens per turn and tag text per turn, per question, so that the model writes exactly
+    ``model_tokens`` tokens: free tokens + the three tags' tokens."""
+    from rollout import TAGS
+
+    plans, tags = {}, {}
+    for r in rows:
+        texts = [t.format(q=r.gold_titles[0], a="x") for t in TAGS]
+        fixed = sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        free = model_tokens - fixed
+        if free < len(TAGS):
+            raise SystemExit(f"--model-tokens {model_tokens} is too small: the tags of {r.question!r} alone take "
+                             f"{fixed} tokens; use at least {fixed + len(TAGS)}")
+        plans[r.question] = [free // len(TAGS) + (1 if i < free % len(TAGS) else 0) for i in range(len(TAGS))]
+        tags[r.question] = texts
+    return plans, tags
+
+
+def measure(trainer, stats: dict) -> None:
+    """Record, from every batch the trainer scores, its prompt ids and its token counts per completion."""
+    original = trainer._generate_and_score_completions
+
+    def measured(inputs):
+        out = original(inputs)
+        pm, cm = out["prompt_mask"].bool(), out["completion_mask"]
+        model = cm * out["tool_mask"] if "tool_mask" in out else cm
+        for i in range(pm.shape[0]):
+            ids = out["prompt_ids"][i][pm[i]].tolist()
+            stats["prompt_ids"].add(hashlib.sha1(json.dumps(ids).encode()).hexdigest())
+        stats["prompt"].extend(pm.sum(1).tolist())
+        stats["model"].extend(model.sum(1).tolist())
+        stats["env"].extend((cm - model).sum(1).tolist())
+        return out
+
+    trainer._generate_and_score_completions = measured
+
+
+def child(kind: str, work: Path, steps: int, model_tokens: int, obs: int, trl_tokens: int) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
+    from agentic_rag.data.prompts import build_prompt
     from agentic_rag.data.questions import read_questions
 
     torch.set_num_threads(2)
     tok = AutoTokenizer.from_pretrained(str(work / "model"))
     model = AutoModelForCausalLM.from_pretrained(str(work / "model"))
-    rows = read_questions(work / "world" / "test.jsonl", limit=2 * steps)
-    data = Dataset.from_list([{"prompt": r.question, "answers": r.answers} for r in rows])
+    rows = read_questions(work / "world" / "test.jsonl", limit=QUESTIONS_PER_STEP * steps)
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
 
     def reward(prompts, completions, completion_ids, **kw):
         return [float(sum(ids) % 7) for ids in completion_ids]
 
-    common = dict(output_dir=str(work / f"out-{kind}"), per_device_train_batch_size=8, num_generations=4,
-                  max_completion_length=completion, max_steps=steps, learning_rate=1e-4, report_to=[],
-                  use_cpu=True, save_strategy="no", logging_steps=1, seed=0, loss_type="grpo")
-    if kind == "trl":
-        args = GRPOConfig(**common, generation_kwargs={"min_new_tokens": completion})
-        prompts = Dataset.from_list([{"prompt": tok.apply_chat_template(
-            [{"role": "user", "content": r.question}], tokenize=False, add_generation_prompt=True)} for r in rows])
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=prompts,
-                              processing_class=tok, peft_config=lora)
-        lengths = None
-    else:
-        from rollout import TAGS, WorkloadPolicy
+    stats: dict = {"prompt_ids": set(), "prompt": [], "model": [], "env": []}
+    budget = model_tokens + 2 * obs + 8 if kind == "ours" else trl_tokens
+    common = dict(output_dir=str(work / f"out-{kind}"), per_device_train_batch_size=GENERATIONS * QUESTIONS_PER_STEP,
+                  num_generations=GENERATIONS, max_completion_length=budget, max_steps=steps, learning_rate=1e-4,
+                  report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, seed=0, loss_type="grpo")
+    if kind == "ours":
+        from rollout import WorkloadPolicy
 
         from agentic_rag.rollout import RolloutLimits
         from agentic_rag.search import open_searcher
         from agentic_rag.tools import SearchTool
         from agentic_rag.training.trainer import AgenticGRPOTrainer
 
-        obs = 32
-        free = max(4, (completion - 2 * obs - 30) // 3)
-        plans = {r.question: [free, free, free] for r in rows}
-        tags = {r.question: [t.format(q=r.gold_titles[0], a="x") for t in TAGS] for r in rows}
+        plans, tags = turn_plans(tok, rows, model_tokens)
         forcing = WorkloadPolicy(model, tok, plans, tags)  # only its processor is used
-        args = GRPOConfig(**common)
-        limits = RolloutLimits(max_turns=4, max_searches=2, max_tokens_per_turn=completion,
-                               max_completion_tokens=completion, passages_per_search=1, max_observation_tokens=obs)
-        trainer = AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=args, train_dataset=data,
-                                     tools=SearchTool(open_searcher(work / "index")), limits=limits, chat=False,
-                                     processors=[forcing._force], peft_config=lora)
-        lengths = []
-        original = trainer._rollout
-
-        def rollout(prompts, t):
-            out = original(prompts, t)
-            lengths.extend(len(c) for c in out["completion_ids"])
-            return out
-
-        trainer.rollout_func = rollout
+        limits = RolloutLimits(max_turns=4, max_searches=2, max_tokens_per_turn=model_tokens,
+                               max_completion_tokens=budget, passages_per_search=1, max_observation_tokens=obs)
+        data = Dataset.from_list([{"prompt": r.question} for r in rows])
+        trainer = AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=GRPOConfig(**common),
+                                     train_dataset=data, tools=SearchTool(open_searcher(work / "index")),
+                                     limits=limits, chat=False, processors=[forcing._force], peft_config=lora)
+    else:
+        # the same prompt as ours, as text: TRL tokenizes it (the ids are compared by the parent)
+        data = Dataset.from_list([{"prompt": tok.decode(build_prompt(tok, r.question, chat=False))} for r in rows])
+        args = GRPOConfig(**common, generation_kwargs={"min_new_tokens": trl_tokens})
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                              processing_class=tok, peft_config=lora)
+    measure(trainer, stats)
     trainer.train()
     times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-    mean_len = statistics.mean(lengths) if lengths else float(completion)
     return {"step_time_s": statistics.median(times[1:]) if len(times) > 1 else times[0], "steps": len(times),
-            "mean_completion_tokens": round(mean_len, 1),
+            "tokens": {k: round(statistics.mean(stats[k]), 1) for k in ("prompt", "model", "env")},
+            "model_tokens_min_max": [min(stats["model"]), max(stats["model"])],
+            "prompt_ids": sorted(stats["prompt_ids"]),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_child(kind: str, work: Path, args, trl_tokens: int = 0) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, "--work", str(work), "--steps", str(args.steps),
+                          "--model-tokens", str(args.model_tokens), "--obs", str(args.obs),
+                          "--trl-tokens", str(trl_tokens)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--completion", type=int, default=128)
+    ap.add_argument("--model-tokens", type=int, default=64, help="tokens the model writes per trajectory (ours)")
+    ap.add_argument("--obs", type=int, default=32, help="most tokens per inserted observation (ours)")
     ap.add_argument("--child", choices=["ours", "trl"])
     ap.add_argument("--work")
+    ap.add_argument("--trl-tokens", type=int, default=0, help="(child) tokens vanilla TRL decodes per completion")
     args = ap.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if args.child:
-        print(json.dumps(child(args.child, Path(args.work), args.steps, args.completion)))
+        print(json.dumps(child(args.child, Path(args.work), args.steps, args.model_tokens, args.obs,
+                               args.trl_tokens)))
         return
     work = Path(tempfile.mkdtemp())
-    build(work)
-    results = {}
-    for kind in ("trl", "ours"):
-        out = subprocess.run([sys.executable, __file__, "--child", kind, "--work", str(work), "--steps",
-                              str(args.steps), "--completion", str(args.completion)], capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
-        results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
-    ours, trl = results["ours"], results["trl"]
-    print(json.dumps({"step_time_ours_s": round(ours["step_time_s"], 3),
-                      "step_time_trl_s": round(trl["step_time_s"], 3),
-                      "step_time_ratio": round(ours["step_time_s"] / trl["step_time_s"], 3),
-                      "completion_tokens_ours": ours["mean_completion_tokens"],
-                      "completion_tokens_trl": trl["mean_completion_tokens"],
-                      "peak_mem_ours_mb": round(ours["peak_rss_mb"], 1),
-                      "peak_mem_trl_mb": round(trl["peak_rss_mb"], 1),
-                      "steps": args.steps, "batch": 8}))
+    try:
+        build(work)
+        ours = run_child("ours", work, args)
+        same_model = round(ours["tokens"]["model"])
+        same_length = round(ours["tokens"]["model"] + ours["tokens"]["env"])
+        trl = run_child("trl", work, args, trl_tokens=same_model)
+        trl_long = run_child("trl", work, args, trl_tokens=same_length)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    identical = ours["prompt_ids"] == trl["prompt_ids"] == trl_long["prompt_ids"]
+    if not identical:
+        raise SystemExit("the two trainers saw different prompt ids; the comparison would not be like with like")
+    print(json.dumps({
+        "step_time_ours_s": round(ours["step_time_s"], 3),
+        "step_time_trl_s": round(trl["step_time_s"], 3),
+        "step_time_trl_equal_length_s": round(trl_long["step_time_s"], 3),
+        "step_time_ratio": round(ours["step_time_s"] / trl["step_time_s"], 3),
+        "step_time_ratio_equal_length": round(ours["step_time_s"] / trl_long["step_time_s"], 3),
+        "tokens": {"ours": ours["tokens"], "trl": trl["tokens"], "trl_equal_length": trl_long["tokens"]},
+        "model_tokens_min_max_ours": ours["model_tokens_min_max"],
+        "prompt_ids_identical": identical,
+        "peak_mem_ours_mb": round(ours["peak_rss_mb"], 1),
+        "peak_mem_trl_mb": round(trl["peak_rss_mb"], 1),
+        "peak_mem_trl_equal_length_mb": round(trl_long["peak_rss_mb"], 1),
+        "steps": args.steps, "batch": GENERATIONS * QUESTIONS_PER_STEP}))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ else
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 export TOKENIZERS_PARALLELISM=false
+# The accelerate configs name only a DeepSpeed config file, so accelerate does not export the stage itself; the
+# trainer's pre-load memory estimate reads it from here (DeepSpeed's own stage comes from the JSON file).
+export ACCELERATE_DEEPSPEED_ZERO_STAGE="$STAGE"
 echo "[train] ZeRO-$STAGE on $NPROC $( [ "$has_gpu" = 1 ] && echo GPU || echo CPU) process(es): $CONFIG" >&2
 exec "$PY" -m accelerate.commands.launch --config_file "$ACCEL" --num_processes "$NPROC" \
   --main_process_port "${MAIN_PROCESS_PORT:-0}" \

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
+import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .rewards.rag import ID_METRICS as RAGAS_ID_METRICS
+from .rewards.rag import LLM as RAGAS_LLM_METRICS
+from .rewards.rag import METRICS as RAGAS_METRICS
 
 
 class ConfigError(ValueError):
@@ -55,6 +62,9 @@ class ModelConfig:
     attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager or flash_attention_2")
     chat_template: bool | None = _f(None, "use the tokenizer's chat template (None: when it has one); False for "
                                           "base models, as R1-Searcher trains the Qwen base model")
+    adapter: str = _f("", "start from this existing LoRA adapter (a peft directory, e.g. a stage-1 run's "
+                          "OUTPUT_DIR/final) and keep training it; its rank and target modules replace lora_*. "
+                          "Empty: a fresh adapter")
 
 
 @dataclass
@@ -93,13 +103,16 @@ class RolloutConfig:
 class RewardSpec:
     name: str = _f("", "reward function: exact_match, f1, cover_em, choice, judge, format, retrieval, ragas")
     weight: float = _f(1.0, "weight in the summed reward")
-    params: dict[str, Any] = _f({}, "reward-specific settings (see agentic_rag.training.rewards)")
+    params: dict[str, Any] = _f({}, "reward-specific settings: format {partial: bool}; ragas {metric, fallback} "
+                                    "(see agentic_rag.training.rewards)")
 
 
 @dataclass
 class CurriculumConfig:
     enabled: bool = _f(False, "R1-Searcher's two-stage curriculum instead of the plain reward list")
-    stage2_step: int = _f(100, "global step from which stage 2 rewards apply")
+    stage2_step: int = _f(100, "global step from which stage 2 rewards apply (when stage is unset)")
+    stage: int | None = _f(None, "fix the stage: 1 or 2 for the whole run (stage 2 as a second config, usually "
+                                 "with model.adapter set to the stage-1 adapter); unset: switch at stage2_step")
     retrieval_bonus: float = _f(0.5, "stage 1: reward for a trajectory that retrieved")
     format_penalty: float = _f(-2.0, "stage 2: reward for a malformed trajectory")
 
@@ -129,7 +142,7 @@ class AlgorithmConfig:
     gradient_accumulation_steps: int = _f(1, "micro-steps per optimizer step")
     max_steps: int = _f(100, "optimizer steps")
     warmup_ratio: float = _f(0.0, "linear warm-up, as a fraction of max_steps (0 <= x < 1)")
-    max_grad_norm: float = _f(1.0, "gradient clipping")
+    max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0 = no clipping)")
     mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by a limit from the loss "
                                                        "(default: True for dapo)")
     shuffle_rewards: bool = _f(False, "control experiment: permute the rewards within each batch, which keeps "
@@ -138,8 +151,8 @@ class AlgorithmConfig:
 
 @dataclass
 class LoggingConfig:
-    swanlab_mode: str = _f("offline", "offline (default), cloud (needs SWANLAB_API_KEY), local or disabled "
-                                      "(env SWANLAB_MODE)")
+    swanlab_mode: str = _f("auto", "auto (default: cloud when SWANLAB_API_KEY is set, offline otherwise), "
+                                   "offline, cloud (needs SWANLAB_API_KEY), local or disabled (env SWANLAB_MODE)")
     swanlab_project: str = _f("agentic-rag-r1", "SwanLab project (env SWANLAB_PROJECT)")
     swanlab_log_dir: str = _f("", "where offline logs go (env SWANLAB_LOG_DIR; default OUTPUT_DIR/swanlog)")
     run_name: str = _f("", "run name (default: derived from the config file name)")
@@ -173,11 +186,13 @@ class ExperimentConfig:
     seed: int = _f(42, "random seed (data order, sampling, LoRA init)")
     gpu_memory_gb: float | None = _f(None, "per-GPU memory for the fit check before loading (default: detected)")
 
-    def validate(self, *, check_files: bool = True) -> list[str]:
+    def validate(self, *, check_files: bool = True, env: Mapping[str, str] | None = None) -> list[str]:
         """Rules that involve values and several fields; returns every problem found. ``check_files=False``
-        skips the checks that files exist (for configs written for another machine)."""
+        skips the checks that files exist (for configs written for another machine); ``env`` (default: the
+        process environment) is where the SwanLab key is looked for."""
+        env = os.environ if env is None else env
         p: list[str] = []
-        m, a, r = self.model, self.algorithm, self.rollout
+        m = self.model
         if not m.name_or_path:
             p.append("model.name_or_path is empty: set it in the config or MODEL_PATH in .env")
         _choice(p, "model.dtype", m.dtype, ("auto", "bfloat16", "float16", "float32"))
@@ -187,10 +202,22 @@ class ExperimentConfig:
         _positive(p, "model.lora_alpha", m.lora_alpha)
         if not 0 <= m.lora_dropout < 1:
             p.append(f"model.lora_dropout must be in [0, 1), got {m.lora_dropout}")
+        targets = m.lora_target_modules
+        if not targets or not all(t.strip() for t in targets):
+            p.append(f"model.lora_target_modules must name modules (e.g. [q_proj, v_proj]) or be [all-linear], "
+                     f"got {targets!r}")
+        elif "all-linear" in targets and len(targets) > 1:
+            p.append(f"model.lora_target_modules: all-linear already means every linear layer; list it alone or "
+                     f"list module names, got {targets!r}")
+        if m.adapter and check_files and not (Path(m.adapter) / "adapter_config.json").is_file():
+            p.append(f"model.adapter: no LoRA adapter at {m.adapter} (a peft directory with adapter_config.json, "
+                     f"e.g. a stage-1 run's OUTPUT_DIR/final)")
         if not self.data.train_file:
             p.append("data.train_file is empty: point it at a question file")
         elif check_files and not Path(self.data.train_file).is_file():
             p.append(f"data.train_file: no such file {self.data.train_file}")
+        if self.data.limit is not None:
+            _positive(p, "data.limit", self.data.limit)
         _choice(p, "data.language", self.data.language, ("en", "zh"))
         if not self.search.index:
             p.append("search.index is empty: an index directory or http:// URL (INDEX_DIR or SEARCH_URL in .env)")
@@ -199,10 +226,43 @@ class ExperimentConfig:
             p.append(f"search.index: no index at {self.search.index} (build one: agentic-rag index build "
                      f"--corpus CORPUS --out {self.search.index})")
         _choice(p, "search.retriever", self.search.retriever, ("bm25", "dense", "hybrid"))
+        if self.search.cache_size < 0:
+            p.append(f"search.cache_size must be >= 0 (0 = no cache), got {self.search.cache_size}")
+        if self.search.timeout_s <= 0:
+            p.append(f"search.timeout_s must be > 0, got {self.search.timeout_s}")
+        self._validate_rollout(p)
+        self._validate_algorithm(p)
+        self._validate_rewards(p)
+        self._validate_curriculum(p)
+        j = self.judge
+        if j.base_url and not j.model:
+            p.append("judge.model is empty while judge.base_url is set (JUDGE_MODEL in .env)")
+        _choice(p, "judge.fallback", j.fallback, ("exact_match", "f1", "cover_em"))
+        if j.timeout_s <= 0:
+            p.append(f"judge.timeout_s must be > 0, got {j.timeout_s}")
+        _positive(p, "judge.max_concurrency", j.max_concurrency)
+        lg = self.logging
+        _choice(p, "logging.swanlab_mode", lg.swanlab_mode, ("auto", "offline", "cloud", "local", "disabled"))
+        if lg.swanlab_mode == "cloud" and not env.get("SWANLAB_API_KEY"):
+            p.append("logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set (in the environment or .env); "
+                     "set it, or use auto/offline")
+        _positive(p, "logging.logging_steps", lg.logging_steps)
+        if lg.sample_table_every < 0:
+            p.append(f"logging.sample_table_every must be >= 0 (0 = never), got {lg.sample_table_every}")
+        _positive(p, "logging.sample_table_rows", lg.sample_table_rows)
+        _positive(p, "checkpoint.save_steps", self.checkpoint.save_steps)
+        if self.checkpoint.save_total_limit is not None:
+            _positive(p, "checkpoint.save_total_limit", self.checkpoint.save_total_limit)
+        return p
+
+    def _validate_rollout(self, p: list[str]) -> None:
+        r = self.rollout
         _choice(p, "rollout.dialect", r.dialect, ("agentic", "search-r1", "r1-searcher"))
         _choice(p, "rollout.summary_mode", r.summary_mode, ("replace", "keep"))
         for name in ("max_turns", "max_tokens_per_turn", "max_completion_tokens", "passages_per_search"):
             _positive(p, f"rollout.{name}", getattr(r, name))
+        if r.max_searches < 0:
+            p.append(f"rollout.max_searches must be >= 0, got {r.max_searches}")
         if r.max_observation_tokens < 16:
             p.append(f"rollout.max_observation_tokens must be >= 16, got {r.max_observation_tokens}")
         if r.max_tokens_per_turn > r.max_completion_tokens:
@@ -212,6 +272,11 @@ class ExperimentConfig:
             p.append(f"rollout.temperature must be > 0, got {r.temperature}")
         if not 0 < r.top_p <= 1:
             p.append(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+        if r.max_batch_size is not None:
+            _positive(p, "rollout.max_batch_size", r.max_batch_size)
+
+    def _validate_algorithm(self, p: list[str]) -> None:
+        a = self.algorithm
         _choice(p, "algorithm.name", a.name, ("grpo", "dr_grpo", "dapo", "reinforce_pp"))
         if a.num_generations < 2:
             p.append(f"algorithm.num_generations must be >= 2 (a group needs two rollouts to compare), "
@@ -227,21 +292,76 @@ class ExperimentConfig:
             p.append(f"algorithm.beta must be >= 0, got {a.beta}")
         if a.learning_rate <= 0:
             p.append(f"algorithm.learning_rate must be > 0, got {a.learning_rate}")
-        names = ("exact_match", "f1", "cover_em", "choice", "judge", "format", "retrieval", "ragas")
+        if not 0 <= a.warmup_ratio < 1:
+            p.append(f"algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), got {a.warmup_ratio}")
+        if not 0 < a.epsilon < 1:
+            p.append(f"algorithm.epsilon (the clip range below 1) must be in (0, 1), got {a.epsilon}")
+        if a.epsilon_high is not None and a.epsilon_high <= 0:
+            p.append(f"algorithm.epsilon_high (the clip range above 1) must be > 0, or unset to use epsilon; "
+                     f"got {a.epsilon_high}")
+        if a.max_grad_norm < 0:
+            p.append(f"algorithm.max_grad_norm must be >= 0 (0 = no clipping), got {a.max_grad_norm}")
+
+    def _validate_rewards(self, p: list[str]) -> None:
         if not self.curriculum.enabled and not self.rewards:
             p.append("rewards is empty: list at least one reward (e.g. {name: f1, weight: 1.0})")
+        first: dict[str, int] = {}
         for i, spec in enumerate(self.rewards):
-            _choice(p, f"rewards[{i}].name", spec.name, names)
+            where = f"rewards[{i}]"
+            _choice(p, f"{where}.name", spec.name, REWARD_NAMES)
+            if spec.name in first:
+                p.append(f"{where}.name {spec.name!r} repeats rewards[{first[spec.name]}]: rewards are logged by "
+                         f"name, so list each one once")
+            first.setdefault(spec.name, i)
+            if not math.isfinite(spec.weight):
+                p.append(f"{where}.weight must be a finite number, got {spec.weight}")
+            if spec.name not in REWARD_NAMES:
+                continue
+            known = REWARD_PARAMS.get(spec.name, {})
+            for key, value in spec.params.items():
+                if key not in known:
+                    takes = f"it takes {', '.join(known)}" if known else "it takes none"
+                    p.append(f"{where}.params.{key} is not a setting of the {spec.name} reward; {takes}")
+                elif not isinstance(value, known[key]):
+                    p.append(f"{where}.params.{key} must be {known[key].__name__}, got {value!r}")
             if spec.name == "judge" and not self.judge.base_url:
-                p.append(f"rewards[{i}] is the LLM judge but judge.base_url is empty (JUDGE_BASE_URL in .env)")
-        if self.judge.base_url and not self.judge.model:
-            p.append("judge.model is empty while judge.base_url is set (JUDGE_MODEL in .env)")
-        _choice(p, "judge.fallback", self.judge.fallback, ("exact_match", "f1", "cover_em"))
-        _choice(p, "logging.swanlab_mode", self.logging.swanlab_mode, ("offline", "cloud", "local", "disabled"))
-        if self.logging.swanlab_mode == "cloud" and not os.environ.get("SWANLAB_API_KEY"):
-            p.append("logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set (in the environment or .env)")
-        _positive(p, "checkpoint.save_steps", self.checkpoint.save_steps)
-        return p
+                p.append(f"{where} is the LLM judge but judge.base_url is empty (JUDGE_BASE_URL in .env)")
+            if spec.name == "ragas":
+                self._validate_ragas(p, where, spec.params)
+
+    def _validate_ragas(self, p: list[str], where: str, params: dict[str, Any]) -> None:
+        metric = params.get("metric", "id_recall")
+        if not isinstance(metric, str):
+            return  # reported as a type problem
+        _choice(p, f"{where}.params.metric", metric, RAGAS_METRICS)
+        if metric == "text_recall":
+            p.append(f"{where}.params.metric text_recall needs reference passages, which training questions do not "
+                     f"carry (it would never score); use id_recall or id_precision")
+        if metric in RAGAS_LLM_METRICS and not self.judge.base_url:
+            p.append(f"{where}.params.metric {metric} is judged by an LLM but judge.base_url is empty "
+                     f"(JUDGE_BASE_URL in .env); or use a metric without one: {', '.join(RAGAS_ID_METRICS)}")
+        fallback = params.get("fallback", "id_recall")
+        if isinstance(fallback, str):
+            _choice(p, f"{where}.params.fallback", fallback, RAGAS_ID_METRICS)
+
+    def _validate_curriculum(self, p: list[str]) -> None:
+        c = self.curriculum
+        if c.stage2_step < 0:
+            p.append(f"curriculum.stage2_step must be >= 0, got {c.stage2_step}")
+        if c.stage not in (None, 1, 2):
+            p.append(f"curriculum.stage must be 1 or 2 (or unset to switch at curriculum.stage2_step), got {c.stage}")
+        elif c.stage is not None and not c.enabled:
+            p.append("curriculum.stage is set but curriculum.enabled is false: enable the curriculum or drop the stage")
+        if c.retrieval_bonus < 0:
+            p.append(f"curriculum.retrieval_bonus must be >= 0, got {c.retrieval_bonus}")
+        if c.format_penalty > 0:
+            p.append(f"curriculum.format_penalty is paid for a malformed trajectory and must be <= 0, "
+                     f"got {c.format_penalty}")
+
+
+REWARD_NAMES = ("exact_match", "f1", "cover_em", "choice", "judge", "format", "retrieval", "ragas")
+# the params each reward takes, with their types (a reward not listed takes none)
+REWARD_PARAMS: dict[str, dict[str, type]] = {"format": {"partial": bool}, "ragas": {"metric": str, "fallback": str}}
 
 
 def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -309,9 +429,13 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
     return True, value
 
 
-def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
+def _build(cls: type, data: Any, path: str, problems: list[str], bad: set[str]) -> Any:
+    """``cls`` from a mapping; problems go to ``problems`` and the dotted paths whose value was unusable (so
+    their defaults stand in) to ``bad``."""
     if not isinstance(data, dict):
-        problems.append(f"{path or 'the config'} must be a mapping, got {type(data).__name__}")
+        problems.append(f"{path or 'the config'} must be a mapping of settings (key: value lines), "
+                        f"got {type(data).__name__}")
+        bad.add(path)
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -323,68 +447,95 @@ def _build(cls: type, data: Any, path: str, problems: list[str]) -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(fields)}"
             problems.append(f"{where} is not a setting{hint}")
             continue
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, where, problems)
-        elif typing.get_origin(tp) is list and dataclasses.is_dataclass((typing.get_args(tp) or (None,))[0]):
-            item_cls = typing.get_args(tp)[0]
-            if not isinstance(value, list):
-                problems.append(f"{where} must be a list, got {type(value).__name__}")
-            else:
-                kwargs[key] = [_build(item_cls, v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
-        else:
-            ok, coerced = _type_ok(value, tp)
-            if ok:
-                kwargs[key] = coerced
-            else:
-                tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-                problems.append(f"{where} must be {tname}, got {value!r}")
+        ok, coerced = _coerce(value, hints[key], where, problems, bad)
+        if ok:
+            kwargs[key] = coerced
     return cls(**kwargs)
 
 
-def _set(cfg: ExperimentConfig, dotted: str, value: str, problems: list[str]) -> None:
+def _coerce(value: Any, tp: Any, where: str, problems: list[str], bad: set[str]) -> tuple[bool, Any]:
+    if dataclasses.is_dataclass(tp):
+        return True, _build(tp, value, where, problems, bad)
+    if typing.get_origin(tp) is list and dataclasses.is_dataclass((typing.get_args(tp) or (None,))[0]):
+        item_cls = typing.get_args(tp)[0]
+        if not isinstance(value, list):
+            problems.append(f"{where} must be a list, got {type(value).__name__}")
+            bad.add(where)
+            return False, None
+        return True, [_build(item_cls, v, f"{where}[{i}]", problems, bad) for i, v in enumerate(value)]
+    ok, coerced = _type_ok(value, tp)
+    if not ok:
+        tname = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+        problems.append(f"{where} must be {tname}, got {value!r}")
+        bad.add(where)
+    return ok, coerced
+
+
+def _set(cfg: ExperimentConfig, dotted: str, value: str, label: str, problems: list[str], bad: set[str]) -> None:
+    """Override one setting by its dotted name with a string (parsed as YAML unless the setting is text)."""
     obj: Any = cfg
     *parents, leaf = dotted.split(".")
     for name in parents:
         obj = getattr(obj, name)
+    if not dataclasses.is_dataclass(obj):
+        raise KeyError(dotted)
     tp = typing.get_type_hints(type(obj))[leaf]
     try:
         parsed: Any = yaml.safe_load(value) if tp not in (str, str | None) else value
     except yaml.YAMLError:
         parsed = value
-    ok, coerced = _type_ok(parsed, tp)
-    if not ok:
-        problems.append(f"environment override for {dotted} has an invalid value {value!r}")
-        return
-    setattr(obj, leaf, coerced)
+    found: list[str] = []
+    ok, coerced = _coerce(parsed, tp, dotted, found, bad)
+    problems.extend(f"{label} gives an invalid value: {p}" for p in found)
+    if ok and not found:
+        setattr(obj, leaf, coerced)
 
 
-def config_from_dict(data: dict[str, Any], *, source: str = "config", env: dict[str, str] | None = None,
+def _mentions(problem: str, path: str) -> bool:
+    return re.search(rf"(?:^|[\s(]){re.escape(path)}(?=$|[\s.\[:,)])", problem) is not None
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config", env: Mapping[str, str] | None = None,
                      overrides: dict[str, str] | None = None, check_files: bool = True) -> ExperimentConfig:
-    """Build, override (environment, then ``overrides`` by dotted path) and validate a config."""
+    """Build, override (environment, then ``overrides`` by dotted path) and validate a config.
+
+    Every problem is reported at once: unknown keys and wrong types, and the value and cross-field rules on
+    whatever is usable (a rule about a setting whose value was unusable is not reported twice). A problem
+    about a setting the environment or ``--set`` supplied says so."""
     problems: list[str] = []
-    cfg = _build(ExperimentConfig, data or {}, "", problems)
-    env = dict(os.environ) if env is None else env
+    bad: set[str] = set()
+    cfg = _build(ExperimentConfig, data or {}, "", problems, bad)
+    env = os.environ if env is None else env
+    origin: dict[str, str] = {}
     for var, dotted in ENV_OVERRIDES.items():
         if env.get(var):
-            _set(cfg, dotted, env[var], problems)
+            _set(cfg, dotted, env[var], f"{var} (environment)", problems, bad)
+            origin[dotted] = f"{var} in the environment or .env"
     for dotted, value in (overrides or {}).items():
         try:
-            _set(cfg, dotted, value, problems)
+            _set(cfg, dotted, value, f"--set {dotted}={value}", problems, bad)
+            origin[dotted] = f"--set {dotted}"
+            bad.discard(dotted)
         except (AttributeError, KeyError):
-            problems.append(f"--set {dotted}: no such setting")
-    if not problems:
-        problems = cfg.validate(check_files=check_files)
+            problems.append(f"--set {dotted}: no such setting (see agentic_rag/config.py for every dotted name)")
+    if "" in bad:  # the file is not a mapping at all: nothing else is worth saying
+        raise ConfigError(problems, source)
+    for problem in cfg.validate(check_files=check_files, env=env):
+        if any(_mentions(problem, path) for path in bad if path):
+            continue
+        sources = [label for dotted, label in origin.items() if _mentions(problem, dotted)]
+        problems.append(problem + (f" (from {sources[0]})" if sources else ""))
     if problems:
         raise ConfigError(problems, source)
     return cfg
 
 
-def load_config(path: str | os.PathLike, *, env: dict[str, str] | None = None,
+def load_config(path: str | os.PathLike, *, env: Mapping[str, str] | None = None,
                 overrides: dict[str, str] | None = None, check_files: bool = True) -> ExperimentConfig:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError([f"no such config file: {path}"], str(path))
+        raise ConfigError([f"no such config file: {path} (the shipped ones are experiments/training/*.yaml)"],
+                          str(path))
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:

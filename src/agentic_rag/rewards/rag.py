@@ -7,10 +7,13 @@ RAGAS's non-LLM (string-similarity) context recall over their text.
 
 With a judge endpoint configured: the LLM-judged RAGAS metrics (``context_relevance``, ``faithfulness``,
 ``context_precision`` without reference), through an ``AsyncOpenAI`` client of any OpenAI-compatible
-server, as RAGAS requires.
+server, as RAGAS requires. A judge call that fails (an error, a timeout, no parsable verdict, NaN) is
+counted in ``failures`` / ``last_failures`` and the sample is scored by the ``fallback`` ID metric
+(``id_recall`` unless configured) instead: a failure is never "not applicable".
 
-A score is ``None`` ("not applicable") when the trajectory retrieved nothing that could be judged: no
-gold titles for the ID metrics, no contexts for the others.
+A score is ``None`` ("not applicable") only when the trajectory retrieved nothing that could be judged: no
+gold titles for the ID metrics (a failed LLM call falling back to one included), no contexts for the LLM
+metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-NON_LLM = ("id_recall", "id_precision", "text_recall")
+ID_METRICS = ("id_recall", "id_precision")
+NON_LLM = (*ID_METRICS, "text_recall")
 LLM = ("context_relevance", "faithfulness", "context_precision")
 METRICS = NON_LLM + LLM
 
@@ -49,14 +53,19 @@ class LLMEndpoint:
 class RetrievalQuality:
     """One RAGAS metric, scored for a batch of trajectories."""
 
-    def __init__(self, metric: str = "id_recall", llm: LLMEndpoint | None = None, max_concurrency: int = 8):
+    def __init__(self, metric: str = "id_recall", llm: LLMEndpoint | None = None, max_concurrency: int = 8,
+                 fallback: str = "id_recall"):
         if metric not in METRICS:
             raise ValueError(f"unknown RAGAS metric {metric!r}; choose one of {', '.join(METRICS)}")
         if metric in LLM and llm is None:
             raise ValueError(f"the RAGAS metric {metric!r} needs a judge endpoint (judge.base_url)")
+        if fallback not in ID_METRICS:
+            raise ValueError(f"the RAGAS fallback must be one of {', '.join(ID_METRICS)}, got {fallback!r}")
         self.metric_name = metric
         self.max_concurrency = max_concurrency
-        self.failures = 0
+        self.failures = 0  # failed LLM calls, all batches
+        self.last_failures = 0  # ... in the last batch
+        self.fallback = RetrievalQuality(fallback) if metric in LLM else None
         if metric == "id_recall":
             from ragas.metrics import IDBasedContextRecall
 
@@ -73,9 +82,17 @@ class RetrievalQuality:
             self._metric = _llm_metric(metric, llm)
 
     def score_batch(self, items: Sequence[RetrievedContext]) -> list[float | None]:
-        if self.metric_name in LLM:
-            return asyncio.run(self._llm_batch(items))
-        return [self._non_llm(item) for item in items]
+        if self.metric_name not in LLM:
+            return [self._non_llm(item) for item in items]
+        scores = asyncio.run(self._llm_batch(items))
+        failed = [i for i, s in enumerate(scores) if s is _FAILED]
+        self.last_failures = len(failed)
+        self.failures += len(failed)
+        assert self.fallback is not None
+        out: list[float | None] = list(scores)  # type: ignore[arg-type]
+        for i in failed:
+            out[i] = self.fallback._non_llm(items[i])
+        return out
 
     def _non_llm(self, item: RetrievedContext) -> float | None:
         from ragas.dataset_schema import SingleTurnSample
@@ -93,10 +110,11 @@ class RetrievalQuality:
             sample = SingleTurnSample(retrieved_context_ids=item.titles, reference_context_ids=item.gold_titles)
         return float(self._metric.single_turn_score(sample))
 
-    async def _llm_batch(self, items: Sequence[RetrievedContext]) -> list[float | None]:
+    async def _llm_batch(self, items: Sequence[RetrievedContext]) -> list[float | object | None]:
+        """Each item's score, ``None`` when it has no contexts, ``_FAILED`` when the judge gave none."""
         gate = asyncio.Semaphore(self.max_concurrency)
 
-        async def one(item: RetrievedContext) -> float | None:
+        async def one(item: RetrievedContext) -> float | object | None:
             if not item.texts:
                 return None
             async with gate:
@@ -107,14 +125,16 @@ class RetrievalQuality:
                         result = await self._metric.ascore(user_input=item.question, response=item.answer or "",
                                                            retrieved_contexts=item.texts)
                     value = None if result.value is None else float(result.value)
-                except Exception:  # noqa: BLE001 - a failed judge call is counted, never a crash
+                except Exception:  # noqa: BLE001 - a failed judge call is counted and falls back, never a crash
                     value = None
                 if value is None or math.isnan(value):  # RAGAS reports some failures as NaN
-                    self.failures += 1
-                    return None
+                    return _FAILED
                 return value
 
         return list(await asyncio.gather(*(one(i) for i in items)))
+
+
+_FAILED = object()  # an LLM metric's judge gave no score
 
 
 def _llm_metric(metric: str, llm: LLMEndpoint):

@@ -1,11 +1,16 @@
-"""SwanLab monitoring: offline by default, cloud when a key is set, and a table of sample trajectories.
+"""SwanLab monitoring: cloud when a key is set, offline otherwise, and a table of sample trajectories.
+
+``logging.swanlab_mode`` (env ``SWANLAB_MODE``): ``auto`` (the default) logs to the SwanLab cloud when
+``SWANLAB_API_KEY`` is set and offline otherwise; ``offline``, ``cloud``, ``local`` and ``disabled`` are
+taken as written (``cloud`` without a key is a config error). See :func:`resolve_mode`.
 
 Transformers' SwanLab integration (``report_to="swanlab"``) crashes unless ``swanlab.init`` already ran on
 the main process, so :func:`init_swanlab` starts the run first; the integration then logs TRL's metrics to
-it: per-reward means (``rewards/<name>/mean``), KL, clip ratios, completion lengths, and ours
-(``agentic/searches_per_trajectory``, ``agentic/env_tokens_masked``, ``agentic/finish/<reason>``...).
-:class:`SampleTrajectories` adds, every N steps, a table of sample trajectories (question, answer, rewards,
-searches, finish reason) and one full trajectory text.
+it: per-reward means (``rewards/<name>/mean``), KL (only when ``beta > 0``), clip ratios, completion
+lengths, and ours (``agentic/searches_per_trajectory``, ``agentic/env_tokens_masked``,
+``agentic/finish/<reason>``...). :class:`SampleTrajectories` adds, every N steps, a table of sample
+trajectories (question, answer, finish reason, searches, queries, the total reward and each reward
+function's score) and one full trajectory text.
 
 Offline runs are written under the log directory; ``swanlab watch LOG_DIR -h 127.0.0.1`` serves the
 dashboard, ``swanlab sync RUN_DIR`` uploads one later.
@@ -14,7 +19,9 @@ dashboard, ``swanlab sync RUN_DIR`` uploads one later.
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +34,32 @@ log = logging.getLogger(__name__)
 MODES = {"offline": "offline", "cloud": "online", "local": "local", "disabled": "disabled"}
 
 
+def resolve_mode(mode: str, env: Mapping[str, str] | None = None) -> str:
+    """The SwanLab mode a run uses: ``auto`` is ``cloud`` when ``SWANLAB_API_KEY`` is set, else ``offline``;
+    any other mode is returned as it is."""
+    env = os.environ if env is None else env
+    if mode == "auto":
+        return "cloud" if env.get("SWANLAB_API_KEY") else "offline"
+    return mode
+
+
 def init_swanlab(cfg: LoggingConfig, output_dir: str, config: dict[str, Any], *, is_main: bool) -> str | None:
     """Start the SwanLab run on the main process; returns the log directory (None when disabled)."""
-    if cfg.swanlab_mode == "disabled" or not is_main:
+    mode = resolve_mode(cfg.swanlab_mode)
+    if mode == "disabled" or not is_main:
         return None
     import swanlab
 
     log_dir = cfg.swanlab_log_dir or str(Path(output_dir) / "swanlog")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    if cfg.swanlab_mode == "cloud":
+    if mode == "cloud":
         key = os.environ.get("SWANLAB_API_KEY")
         if not key:
             raise ValueError("logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set")
         swanlab.login(api_key=key)
-    swanlab.init(project=cfg.swanlab_project, name=cfg.run_name or None, mode=MODES[cfg.swanlab_mode],
-                 log_dir=log_dir, config=config)
+    log.info("SwanLab: %s mode (logging.swanlab_mode %s)", mode, cfg.swanlab_mode)
+    swanlab.init(project=cfg.swanlab_project, name=cfg.run_name or None, mode=MODES[mode], log_dir=log_dir,
+                 config=config)
     return log_dir
 
 
@@ -70,19 +88,49 @@ class SampleTrajectories(TrainerCallback):
 
             if not swanlab.has_run():
                 return
-            swanlab.log({"samples/table": swanlab.Text(render_table(trajs[: self.rows])),
+            swanlab.log({"samples/table": swanlab.Text(sample_table(trainer, self.rows)),
                          "samples/trajectory": swanlab.Text(trajs[0].text[:8000])}, step=state.global_step)
         except Exception as exc:  # noqa: BLE001 - monitoring must never stop training
             log.warning("could not log sample trajectories: %s", exc)
 
 
-def render_table(trajs) -> str:
+def sample_table(trainer: Any, rows: int) -> str:
+    """The table of the trainer's last rollouts on this (the main) process, with the rewards they were paid.
+
+    The trainer's rewards are gathered over all processes, this process's rows first (process 0); with
+    ``shuffle_rewards`` they are the permuted rewards the control run paid."""
+    trajs = trainer._last_trajectories[:rows]
+    per_func = getattr(trainer, "_rewards_per_func", None)
+    if per_func is None:
+        return render_table(trajs)
+    start = trainer.accelerator.process_index * len(trainer._last_trajectories)
+    values = per_func[start:start + len(trajs)].tolist()
+    weights = trainer.reward_weights.tolist()
+    return render_table(trajs, values, trainer.reward_func_names, weights)
+
+
+def render_table(trajs: Sequence[Any], rewards: Sequence[Sequence[float | None]] | None = None,
+                 names: Sequence[str] = (), weights: Sequence[float] | None = None) -> str:
+    """A markdown table of trajectories. With ``rewards`` (one row of per-function scores per trajectory,
+    ``None`` or NaN where a function did not apply) it adds the weighted total, computed as TRL sums it
+    (functions that did not apply are left out), and one column per reward function."""
     def cell(x: Any) -> str:
         return str(x).replace("|", "\\|").replace("\n", " ")[:160]
 
-    lines = ["| question | answer | finish | searches | queries |", "|---|---|---|---|---|"]
-    for t in trajs:
+    def score(x: float | None) -> str:
+        return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+    head = ["question", "answer", "finish", "searches", "queries"]
+    if rewards is not None:
+        weights = list(weights) if weights is not None else [1.0] * len(names)
+        head += ["reward", *names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, t in enumerate(trajs):
         queries = [q for e in t.events if e["type"] == "search" for q in e.get("queries", [])]
-        lines.append(f"| {cell(t.question)} | {cell(t.answer)} | {t.finish_reason} | {t.num_searches} | "
-                     f"{cell('; '.join(queries))} |")
+        row = [cell(t.question), cell(t.answer), str(t.finish_reason), str(t.num_searches), cell("; ".join(queries))]
+        if rewards is not None:
+            scores = list(rewards[i])
+            applied = [w * s for w, s in zip(weights, scores, strict=True) if s is not None and not math.isnan(s)]
+            row += [score(sum(applied)) if applied else "n/a", *(score(s) for s in scores)]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -6,9 +6,14 @@ of each finished trajectory: answer, model-written text, events, finish reason).
 completion, or ``None`` only where it does not apply (no gold titles to judge retrieval against). Each is
 logged by TRL under its own name (``rewards/<name>/mean``) and weighted by the config.
 
-The accuracy metrics are :mod:`agentic_rag.rewards.accuracy`'s, the same functions evaluation uses. The
-LLM judge, when it fails on a completion, says so in the logs (``rewards/judge/failures``) and falls back to
-the configured metric: it never silently scores 0.
+The accuracy metrics are :mod:`agentic_rag.rewards.accuracy`'s, the same functions evaluation uses. An LLM
+call that fails on a completion (the ``judge`` reward, or an LLM-judged ``ragas`` metric) is logged with a
+warning and counted (``rewards/judge/failures``, ``rewards/ragas/failures``), and the completion is scored by
+the configured fallback instead (``judge.fallback``; the ragas reward's ``params.fallback``, ``id_recall``
+unless set): a failure never silently scores 0 and is never mistaken for "not applicable".
+
+The reward list's names and params are checked with the rest of the config (``ExperimentConfig.validate``)
+before any model loads.
 """
 
 from __future__ import annotations
@@ -112,15 +117,28 @@ def retrieved(t: dict[str, Any]) -> bool:
 
 
 class RagasReward(_Named):
-    def __init__(self, metric: str, llm: LLMEndpoint | None):
+    """RAGAS retrieval quality; an LLM metric's failed call falls back to an ID metric and is counted."""
+
+    def __init__(self, metric: str, llm: LLMEndpoint | None, fallback: str = "id_recall", max_concurrency: int = 8):
         super().__init__("ragas")
-        self.quality = RetrievalQuality(metric, llm)
+        self.quality = RetrievalQuality(metric, llm, max_concurrency=max_concurrency, fallback=fallback)
+        self.fallback_name = fallback
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
         golds = kwargs.get("gold_titles") or [[] for _ in trajectory]
         items = [contexts_from_events(t["events"], t["question"], t["answer"], g)
                  for t, g in zip(trajectory, golds, strict=True)]
-        return self.quality.score_batch(items)
+        scores = self.quality.score_batch(items)
+        if self.quality.fallback is None:
+            return scores
+        failed = self.quality.last_failures
+        if failed:
+            log.warning("RAGAS %s failed on %d of %d completions; scored them with %s instead",
+                        self.quality.metric_name, failed, len(items), self.fallback_name)
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None:
+            log_metric("rewards/ragas/failures", float(failed))
+        return scores
 
 
 class JudgeReward(_Named):
@@ -157,7 +175,7 @@ class CurriculumReward(_Named):
     def __init__(self, cfg: ExperimentConfig, eos_tokens: Sequence[str]):
         super().__init__("curriculum")
         c = cfg.curriculum
-        self.curriculum = Curriculum(c.stage2_step, c.retrieval_bonus, c.format_penalty)
+        self.curriculum = Curriculum(c.stage2_step, c.retrieval_bonus, c.format_penalty, fixed_stage=c.stage)
         self.format = FormatReward(cfg.rollout.dialect, eos_tokens=eos_tokens)
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
@@ -206,7 +224,8 @@ def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[st
         metric = str(params.get("metric", "id_recall"))
         llm = LLMEndpoint(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s) \
             if cfg.judge.base_url else None
-        return RagasReward(metric, llm)
+        return RagasReward(metric, llm, fallback=str(params.get("fallback", "id_recall")),
+                           max_concurrency=cfg.judge.max_concurrency)
     if spec.name == "judge":
         return JudgeReward(cfg)
     raise ValueError(f"unknown reward {spec.name!r}")

@@ -100,13 +100,13 @@ def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agent
     return out, skipped
 
 
-def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
-            chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
-            lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
-            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1) -> dict[str, Any]:
-    """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
-    ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
-    ``full`` every weight fine-tuned."""
+def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
+                      chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
+                      lora_r: int = 16, lora_alpha: int = 32, full: bool = False, max_length: int = 2048,
+                      seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1):
+    """TRL's SFTTrainer on the trajectories of ``data`` (see :func:`run_sft`); returns ``(trainer, examples,
+    skipped)``. The dataset carries ``completion_mask``; with ``completion_only_loss`` TRL turns it into labels
+    that are -100 on the prompt and on every environment token."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -127,12 +127,26 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
                      seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
                      use_cpu=not torch.cuda.is_available(), bf16=False)
     trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
+    return trainer, examples, skipped
+
+
+def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
+            chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
+            lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
+            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1) -> dict[str, Any]:
+    """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
+    ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
+    ``full`` every weight fine-tuned."""
+    trainer, examples, skipped = build_sft_trainer(
+        model=model, data=data, output_dir=output_dir, dialect=dialect, language=language, chat=chat, epochs=epochs,
+        learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
+        max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps)
     result = trainer.train()
     if merge and not full:
         trainer.model.merge_and_unload().save_pretrained(output_dir)
     else:
         trainer.save_model(output_dir)
-    tokenizer.save_pretrained(output_dir)
+    trainer.processing_class.save_pretrained(output_dir)
     summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
                "output_dir": output_dir, "adapter": not full and not merge, "merged": merge and not full,
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)

@@ -6,14 +6,17 @@
 (``script/training/train_zero2.sh`` / ``train_zero3.sh`` do this from ``.env``; ``agentic-rag train`` runs it in
 one process.) The steps:
 
-1. load the experiment config and check all of it, before anything heavy happens;
+1. load the experiment config and check all of it, before anything heavy happens (``--check`` stops here,
+   after reading the training questions too);
 2. warn when the memory estimate says the model will not fit the GPUs;
 3. open the searcher (an index directory or a search server URL) behind an LRU cache;
-4. read the training questions;
-5. load the tokenizer and the base model (NF4 for QLoRA) and describe the LoRA adapter;
-6. start SwanLab on the main process (offline unless configured);
-7. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
-8. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final.
+4. read the training questions (a multiple-choice question shows its options, as in evaluation);
+5. load the tokenizer, then build the rollout limits and the reward functions;
+6. load the base model (NF4 for QLoRA) and describe a fresh LoRA adapter, or load ``model.adapter`` to go
+   on training an existing one (R1-Searcher's stage 2 from the stage-1 adapter);
+7. start SwanLab on the main process (cloud when SWANLAB_API_KEY is set, offline otherwise, unless configured);
+8. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
+9. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final.
 """
 
 from __future__ import annotations
@@ -71,14 +74,17 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
 
 
 def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
-    from ..data.questions import read_questions
+    """The training dataset's rows. The prompt is the question as evaluation shows it (``prompt_question``:
+    a MedQA question lists its options and asks for the letter); the other columns go to the rewards."""
+    from ..data.questions import prompt_question, read_questions
 
     rows = read_questions(cfg.data.train_file, limit=cfg.data.limit)
     if not rows:
-        raise ConfigError([f"data.train_file {cfg.data.train_file} holds no questions"])
+        raise ConfigError([f"data.train_file {cfg.data.train_file} holds no questions: point it at a question "
+                           f"file (JSONL, one question a line, or a JSON list)"])
     out = []
     for r in rows:
-        row = {"prompt": r.question, "answers": r.answers, "gold_titles": r.gold_titles, "id": r.id}
+        row = {"prompt": prompt_question(r), "answers": r.answers, "gold_titles": r.gold_titles, "id": r.id}
         if "options" in r.meta:
             row["options"] = r.meta["options"]
             row["answer_idx"] = r.meta.get("answer_idx", "")
@@ -86,28 +92,100 @@ def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     return out
 
 
-def fit_warning(cfg: ExperimentConfig) -> str | None:
-    """The memory estimator's warning when the model will not fit (None on CPU or when it fits)."""
-    from .memory import EstimateInputs, TrainingSetup, check_fits, gpu_memory_gb
+def rollout_limits(cfg: ExperimentConfig):
+    from ..rollout import RolloutLimits
+
+    r = cfg.rollout
+    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
+                         max_completion_tokens=r.max_completion_tokens, passages_per_search=r.passages_per_search,
+                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s)
+
+
+def policy_model(cfg: ExperimentConfig):
+    """The model to train and the trainer's peft config: the base model (NF4 for QLoRA) with a fresh LoRA adapter
+    described by ``model.lora_*``, or with the existing ``model.adapter`` loaded trainable (no peft config then:
+    the adapter's own rank and targets apply)."""
+    from .model import load_base_model, lora_config
+
+    model = load_base_model(cfg.model)
+    if not cfg.model.adapter:
+        return model, lora_config(cfg.model)
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, cfg.model.adapter, is_trainable=True), None
+
+
+def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64) -> int:
+    """Tokens of the longest templated training prompt (system prompt, chat template, question), the prompt length
+    of a rollout batch at worst. The template is the same for every question, so only the ``sample`` longest
+    questions (by characters) are templated and tokenized: cheap even for a large training file."""
+    from ..data.prompts import build_prompt
+    from ..models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
+    longest = sorted({r["prompt"] for r in training_rows(cfg)}, key=len, reverse=True)[:sample]
+    return max(len(build_prompt(tokenizer, q, cfg.rollout.dialect, language=cfg.data.language,
+                                chat=cfg.model.chat_template, system=cfg.data.system_prompt or None))
+               for q in longest)
+
+
+def memory_setup(cfg: ExperimentConfig):
+    """The :class:`~agentic_rag.training.memory.TrainingSetup` of this run, as the estimator needs it: the launch's
+    processes (``WORLD_SIZE``) and ZeRO stage (``ACCELERATE_DEEPSPEED_ZERO_STAGE``, which the launch scripts export
+    for the stage they launch; ZeRO-2, the larger estimate, when unknown), the config's quantisation, LoRA rank,
+    targets and dropout, batch and lengths, and the longest templated prompt of the training questions."""
+    from .memory import TrainingSetup
+
+    a, m = cfg.algorithm, cfg.model
+    rank, targets, dropout = m.lora_r, list(m.lora_target_modules), m.lora_dropout
+    if m.adapter:  # an existing adapter brings its own rank and targets
+        adapter = json.loads((Path(m.adapter) / "adapter_config.json").read_text())
+        rank, dropout = adapter.get("r", rank), adapter.get("lora_dropout", dropout)
+        found = adapter.get("target_modules")
+        if isinstance(found, list) or found == "all-linear":
+            targets = sorted(found) if isinstance(found, list) else [found]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    zero = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") or 2)
+    # TRL generates per_device_train_batch_size * steps_per_generation (= gradient_accumulation_steps) completions
+    # per GPU per round; num_generations of them share a prompt (a group may straddle GPUs: then count completions)
+    completions = a.per_device_train_batch_size * a.gradient_accumulation_steps
+    batch, group = (completions // a.num_generations, a.num_generations) if completions % a.num_generations == 0 \
+        else (1, completions)
+    decoded = min(cfg.rollout.max_batch_size, completions) if cfg.rollout.max_batch_size else None
+    return TrainingSetup(gpus=world, zero=zero if zero in (2, 3) else 2,
+                         quant="nf4" if m.quantization == "nf4" else "none", lora_rank=rank,
+                         lora_targets=tuple(targets), lora_dropout=dropout,
+                         batch=batch, num_generations=group, micro_batch=a.per_device_train_batch_size,
+                         generation_batch=decoded, max_prompt=longest_prompt_tokens(cfg),
+                         max_completion=cfg.rollout.max_completion_tokens,
+                         gradient_checkpointing=m.gradient_checkpointing)
+
+
+def fit_check(cfg: ExperimentConfig) -> tuple[Any, str | None]:
+    """``(setup, warning)``: the :func:`memory_setup` the estimate assumed (None when no estimate was made: no GPU
+    memory budget, i.e. no GPU and no ``gpu_memory_gb``, or an estimate that cannot be made) and the memory
+    estimator's warning (None when it fits)."""
+    from .memory import EstimateInputs, check_fits, gpu_memory_gb
 
     budget = cfg.gpu_memory_gb or gpu_memory_gb()
     if budget is None:
-        return None
-    a = cfg.algorithm
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    zero = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2") or 2)
-    per_gpu_prompts = max(1, a.per_device_train_batch_size * a.gradient_accumulation_steps // a.num_generations)
-    setup = TrainingSetup(gpus=world, zero=zero if zero in (2, 3) else 2,
-                          quant="nf4" if cfg.model.quantization == "nf4" else "none", lora_rank=cfg.model.lora_r,
-                          batch=per_gpu_prompts, num_generations=a.num_generations,
-                          micro_batch=a.per_device_train_batch_size, max_prompt=512,
-                          max_completion=cfg.rollout.max_completion_tokens,
-                          gradient_checkpointing=cfg.model.gradient_checkpointing)
+        return None, None
     try:
-        return check_fits(EstimateInputs(cfg.model.name_or_path, setup), budget)
+        setup = memory_setup(cfg)
+        warning = check_fits(EstimateInputs(cfg.model.name_or_path, setup), budget)
     except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made must not stop training
         log.info("no memory estimate (%s)", exc)
-        return None
+        return None, None
+    if warning:
+        warning += (f"\n(estimated for {setup.gpus} process(es) with DeepSpeed ZeRO-{setup.zero}, prompts of "
+                    f"{setup.max_prompt} + completions of {setup.max_completion} tokens)")
+    return setup, warning
+
+
+def zero_stage(trainer) -> int | None:
+    """The ZeRO stage DeepSpeed actually runs (accelerate's plugin, from the DeepSpeed config), None without it."""
+    plugin = trainer.accelerator.state.deepspeed_plugin
+    return None if plugin is None else int(plugin.zero_stage)
 
 
 def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
@@ -117,17 +195,15 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     from transformers import set_seed
 
     from ..models import load_tokenizer
-    from ..rollout import RolloutLimits
     from ..search import open_searcher
     from ..tools import SearchTool
-    from .model import load_base_model, lora_config
     from .monitoring import SampleTrajectories, init_swanlab, watch_hint
     from .rewards import build_rewards
     from .trainer import AgenticGRPOTrainer, latest_complete_checkpoint
 
     state = PartialState()
     set_seed(cfg.seed)
-    warning = fit_warning(cfg)
+    estimated, warning = fit_check(cfg)
     if warning:
         log.warning(warning)
 
@@ -135,18 +211,13 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
                              timeout=cfg.search.timeout_s)
     dataset = Dataset.from_list(training_rows(cfg))
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
-    use_cpu = not torch.cuda.is_available()
-    args = grpo_args(cfg, use_cpu=use_cpu)
-    model = load_base_model(cfg.model)
-    limits = RolloutLimits(max_turns=cfg.rollout.max_turns, max_searches=cfg.rollout.max_searches,
-                           max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-                           max_completion_tokens=cfg.rollout.max_completion_tokens,
-                           passages_per_search=cfg.rollout.passages_per_search,
-                           max_observation_tokens=cfg.rollout.max_observation_tokens,
-                           search_timeout_s=cfg.search.timeout_s)
+    limits = rollout_limits(cfg)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
     reward_funcs, weights = build_rewards(cfg, eos_tokens)
+    use_cpu = not torch.cuda.is_available()
+    args = grpo_args(cfg, use_cpu=use_cpu)
     args.reward_weights = weights
+    model, peft_config = policy_model(cfg)
 
     out = Path(cfg.checkpoint.output_dir)
     if state.is_main_process:
@@ -159,7 +230,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
         tools=SearchTool(searcher), dialect=cfg.rollout.dialect, limits=limits, language=cfg.data.language,
         chat=cfg.model.chat_template, algorithm=cfg.algorithm.name, max_batch_size=cfg.rollout.max_batch_size,
         summary_mode=cfg.rollout.summary_mode, system=cfg.data.system_prompt or None,
-        shuffle_rewards=cfg.algorithm.shuffle_rewards, peft_config=lora_config(cfg.model),
+        shuffle_rewards=cfg.algorithm.shuffle_rewards, peft_config=peft_config,
         callbacks=[SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)]
         if log_dir else [])
     trainer_ref.append(trainer)
@@ -176,7 +247,10 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     if state.is_main_process:
         tokenizer.save_pretrained(str(final))
         summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
-                   "world_size": state.num_processes,
+                   "world_size": state.num_processes, "deepspeed_zero_stage": zero_stage(trainer),
+                   "memory_estimate": None if estimated is None else {
+                       "gpus": estimated.gpus, "zero": estimated.zero, "max_prompt": estimated.max_prompt,
+                       "max_completion": estimated.max_completion, "fits": warning is None},
                    "resumed_from": checkpoint, "adapter": str(final), "swanlab_log_dir": log_dir,
                    "log_history": trainer.state.log_history}
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -204,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rag train: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{args.config}: OK")
+        try:
+            rows = training_rows(cfg)
+        except ValueError as exc:  # ConfigError, or a malformed question file (QuestionFormatError)
+            print(f"agentic-rag train: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.config}: OK ({len(rows)} training questions)")
         return 0
     run(cfg, resume=args.resume or None)
     return 0

@@ -8,13 +8,17 @@ What it optimises (stated plainly, as every RL recipe should):
   trajectory) have ``env_mask`` 0; tokens the model wrote have 1.
 * **Reward.** The weighted sum of the configured reward functions (each also logged on its own).
 * **Advantage.** ``grpo``: ``(r - mean_group) / std_group``; ``dr_grpo``: ``r - mean_group`` (no scaling);
-  ``dapo``: as grpo, with the upper clip at 1.28 and length-truncated trajectories masked; ``reinforce_pp``:
-  REINFORCE++-style ``(r - mean_batch) / std_batch`` over the whole (all-process) batch, no group baseline.
-  A completion every reward function calls not applicable gets advantage 0.
+  ``dapo``: as grpo, with the upper clip at 1.28 (clip-higher), token-level aggregation and length-truncated
+  trajectories masked; DAPO's dynamic sampling (dropping groups whose rewards are all equal and sampling
+  more) and its overlong reward shaping are **not** implemented: such groups stay in the batch with advantage
+  0. ``reinforce_pp``: REINFORCE++-style ``(r - mean_batch) / std_batch`` over the whole (all-process) batch,
+  no group baseline. A completion every reward function calls not applicable gets advantage 0.
 * **Loss.** PPO-style clipped ratio ``min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)`` per model token,
-  plus ``beta * KL`` (the k3 estimator) to the reference policy when ``beta > 0``; the reference is the same
-  model with the adapter disabled. Aggregation: per sequence then mean (``grpo``), over all tokens of the
-  global batch (``dapo``, ``reinforce_pp``), or by a constant (``dr_grpo``).
+  plus ``beta * KL`` (the k3 estimator) to the reference policy when ``beta > 0``. With ``beta = 0`` (the
+  default) no reference log-probabilities are computed and no ``kl`` is logged. The reference is the same
+  model with the adapter disabled, or, when training goes on from an existing adapter (``model.adapter``),
+  a frozen copy of that adapter as loaded (TRL's ``ref`` adapter). Aggregation: per sequence then mean
+  (``grpo``), over all tokens of the global batch (``dapo``, ``reinforce_pp``), or by a constant (``dr_grpo``).
 * **Masks.** The policy term and the KL term are multiplied by ``completion_mask * env_mask``: an
   environment token never contributes to the loss, the KL or the gradient.
 * **Contexts.** After a backtrack or summary, later tokens were generated without the abandoned text; such
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,8 +176,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
             a = self.agent
             policy = HFPolicy(model, tok, sampling, max_batch_size=a.max_batch_size, processors=a.processors)
-            engine = AgentRollout(policy, tok, a.tools, a.dialect, a.limits, summary_mode=a.summary_mode)
-            trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
+            with AgentRollout(policy, tok, a.tools, a.dialect, a.limits, summary_mode=a.summary_mode) as engine:
+                trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
         eos = tok.eos_token_id
         for t in trajs:
             # A trajectory that ended on its own (answer, EOS, or a behavioural limit) is closed by an
@@ -307,17 +312,32 @@ class AgenticGRPOTrainer(GRPOTrainer):
     # ----------------------------------------------------------------------------------- checkpoints
 
     def _save_checkpoint(self, model, trial):
-        """Save as TRL does, then mark the checkpoint complete once every process has written its part."""
-        super()._save_checkpoint(model, trial)
+        """Save as TRL does, but crash-safe: rotation waits until the new checkpoint is complete.
+
+        Transformers deletes old checkpoints (``save_total_limit``) at the end of its save, before we could mark
+        the new one complete: a kill in between would leave no complete checkpoint at all with a limit of 1. So
+        the save runs with rotation off; once every process has written its part the marker goes in, and only
+        then are old checkpoints deleted, counting complete ones only (:func:`rotate_checkpoints`)."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+            run_dir = Path(self._get_output_dir(trial=trial))
+            write_marker(run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            rotate_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
-            path = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            write_marker(path)
+
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def write_marker(checkpoint: Path) -> None:
+    """Mark ``checkpoint`` complete, durably (the marker and the directory entry are synced to disk)."""
     marker = checkpoint / COMPLETE_MARKER
     with open(marker, "w") as f:
         f.write("complete\n")
@@ -330,19 +350,46 @@ def write_marker(checkpoint: Path) -> None:
         os.close(dir_fd)
 
 
+def _checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``checkpoint-N`` directories of ``root``, newest (highest step) first; quarantined ones do not match."""
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def rotate_checkpoints(output_dir: str | os.PathLike, limit: int | None, *, keep: str | None = None) -> list[str]:
+    """Delete the oldest complete checkpoints beyond the newest ``limit`` complete ones; returns what was deleted.
+
+    Only ``checkpoint-N`` directories with a completion marker count and are ever deleted: an incomplete one
+    (being written, or left by a kill) and a quarantined ``checkpoint-N.incomplete-*`` neither count toward the
+    limit nor push a complete checkpoint out. ``keep`` (the best checkpoint, when there is one) is never deleted.
+    No limit (None or <= 0) keeps everything."""
+    import shutil
+
+    if not limit or limit <= 0:
+        return []
+    complete = [p for _step, p in _checkpoints(Path(output_dir)) if (p / COMPLETE_MARKER).is_file()]
+    protected = {Path(keep).resolve()} if keep else set()
+    deleted = []
+    for path in complete[limit:]:
+        if path.resolve() in protected:
+            continue
+        # drop the marker first: a kill halfway through the deletion leaves an incomplete checkpoint, not a
+        # "complete" one with files missing
+        (path / COMPLETE_MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(str(path))
+    return deleted
+
+
 def latest_complete_checkpoint(output_dir: str | os.PathLike, *, quarantine: bool = True) -> str | None:
     """The newest checkpoint with a completion marker. Incomplete ones (a process killed while saving) are
     renamed out of the way so nothing later mistakes them for checkpoints."""
-    import re
     import time
 
     root = Path(output_dir)
     if not root.is_dir():
         return None
-    pattern = re.compile(r"^checkpoint-(\d+)$")
-    found = sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := pattern.match(p.name)) and p.is_dir()),
-                   reverse=True)
-    for _step, path in found:
+    for _step, path in _checkpoints(root):
         if (path / COMPLETE_MARKER).is_file():
             return str(path)
         if quarantine:
