@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -143,6 +145,51 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
         time.sleep(0.02)
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without a developer's AGENTIC_RAG_CHAT_* settings (a token, a URL), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTIC_RAG_CHAT_")}
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def process(argv: list[str], health_url: str, log_path: Path, *, env: dict[str, str] | None = None,
+            timeout: float = 180.0):
+    """Run ``argv`` until ``health_url`` answers 200; yields the process (stdout and stderr in ``log_path``)
+    and kills it if the test did not stop it."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env or clean_env())
+    try:
+        deadline = time.time() + timeout
+        while True:
+            assert proc.poll() is None, f"{argv[1]} exited:\n{log_path.read_text()}"
+            assert time.time() < deadline, f"{argv[1]} did not answer in {timeout} s:\n{log_path.read_text()}"
+            try:
+                if httpx.get(health_url, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+@contextlib.contextmanager
+def search_server(index: Path, log_path: Path):
+    """The real retrieval server (agentic-rag serve-search) over ``index`` on a free 127.0.0.1 port."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search", "--index",
+            str(index), "--port", str(port)]
+    with process(argv, url + "/health", log_path) as proc:
+        yield url
+        proc.terminate()
+        proc.wait(30)
+
+
 # -------------------------------------------------------------------------------------------- the SDK
 
 
@@ -165,7 +212,12 @@ def test_openai_sdk_non_streaming_answer_and_trace(server, qwen_tokenizer):
     second = [h["docid"] for h in searches[1]["results"][0]["hits"]]
     assert first == ["3558", "976"]  # the real BM25 ranking: Henriette, then her mother
     assert searches[0]["results"][0]["hits"][0]["title"] == "Henriette of France (1727–1752)"
-    assert len(second) == 2 and not set(first) & set(second)  # passages already shown are not repeated
+    assert second and not set(first) & set(second)  # passages already shown are not repeated
+    # the second observation is truncated: only passages whose text the model saw count as shown, the one
+    # cut off entirely is listed under "cut" (and may come back in a later search)
+    second_result = searches[1]["results"][0]
+    assert second == ["229"] and second_result["hits"][0]["partial"] is True
+    assert [h["docid"] for h in second_result["cut"]] == ["167"]
     # usage: the prompt is exactly the training prompt; completion counts the model's own tokens
     assert r.usage.prompt_tokens == len(build_prompt(qwen_tokenizer, Q_HENRIETTE))
     assert r.usage.completion_tokens == trace["model_tokens"] > 0 and trace["observation_tokens"] > 0
@@ -183,8 +235,12 @@ def test_openai_sdk_streaming_shows_searches_then_the_answer(server):
     content_at = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content]
     events = [(c.model_extra or {}).get("agent_event") or {} for c in chunks]
     search_at = [i for i, e in enumerate(events) if e.get("type") == "search"]
-    assert len(search_at) == 2 and content_at
+    finish_at = [i for i, e in enumerate(events) if e.get("type") == "finish"]
+    assert len(search_at) == 2 and content_at and len(finish_at) == 1
     assert max(search_at) < min(content_at), "search events arrive before the answer"
+    # the answer was streamed as the model wrote it: its first piece came before the engine's finish event
+    # (a reply assembled from the finished trajectory would only send it after)
+    assert min(content_at) < finish_at[0]
     assert "".join(chunks[i].choices[0].delta.content for i in content_at) == ANSWER
     reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content", "")
                         for c in chunks if c.choices)
@@ -521,6 +577,81 @@ def test_terminal_client_one_shot(server):
     assert bad.returncode == 1 and "HTTP 404" in bad.stderr
 
 
+def test_terminal_client_sends_its_token(model_dir, wiki_index, searcher):
+    with serve(model_dir, wiki_index, searcher, api_token="client-s3cret", model_name="secure") as (url, _):
+        def client(*args: str, **env: str):
+            return subprocess.run([sys.executable, str(CLIENT), "--url", url, "--once", Q_SHANGHAI, *args],
+                                  capture_output=True, text=True, timeout=60, env=clean_env(**env))
+
+        ok = client("--token", "client-s3cret")
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout == "Maureen O'Sullivan\n"
+        missing = client()
+        assert missing.returncode != 0 and missing.stdout == ""
+        assert "HTTP 401: missing bearer token" in missing.stderr
+        wrong = client("--token", "nope")
+        assert wrong.returncode != 0 and "HTTP 401: invalid bearer token" in wrong.stderr
+        from_env = client(AGENTIC_RAG_CHAT_API_TOKEN="client-s3cret")
+        assert from_env.returncode == 0 and from_env.stdout == "Maureen O'Sullivan\n", from_env.stderr
+
+
+# --------------------------------------------------------------------------------------- processes
+
+
+def test_chat_server_searches_through_a_search_server(model_dir, wiki_index, searcher, server, tmp_path):
+    from agentic_rag.search.client import HTTPSearcher
+
+    question = {"messages": [{"role": "user", "content": Q_HENRIETTE}]}
+    local = sdk(server[0]).chat.completions.create(model="tiny-agent", **question)
+    with search_server(wiki_index, tmp_path / "search.log") as search_url, \
+            serve(model_dir, wiki_index, index="", search_url=search_url, model_name="remote") as (url, app):
+        assert isinstance(app.state.agent.searcher, HTTPSearcher)
+        health = httpx.get(url + "/health").json()
+        assert health["search"] == search_url and health["retriever"] is None
+        r = sdk(url).chat.completions.create(model="remote", **question)
+    assert r.choices[0].message.content == ANSWER
+    trace = r.model_extra["agent_trace"]
+
+    def hits(t):
+        return [[(h["docid"], h["title"]) for res in e["results"] for h in res["hits"]]
+                for e in t["events"] if e["type"] == "search"]
+
+    remote = hits(trace)
+    assert len(remote) == 2 and remote == hits(local.model_extra["agent_trace"])
+    # the same ranking the local index gives
+    assert [d for d, _ in remote[0]] == [h.docid for h in searcher.search("Henriette of France 1727 mother", 2)]
+    assert [d for d, _ in remote[0]] == ["3558", "976"]
+
+
+def test_the_chat_server_entry_point_starts_serves_and_stops(model_dir, wiki_index, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    argv = [sys.executable, str(ROOT / "service" / "chat_server.py"), "--model", str(model_dir), "--index",
+            str(wiki_index), "--port", str(port), "--model-name", "smoke", "--max-tokens", "16"]
+    with process(argv, url + "/health", log) as proc:
+        health = httpx.get(url + "/health").json()
+        assert health["model"] == "smoke" and health["search"] == str(wiki_index) and health["retriever"] == "bm25"
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["smoke"]
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "smoke", "messages": [{"role": "user", "content": "Hello?"}], "max_tokens": 6,
+            "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "chat.completion" and body["model"] == "smoke"
+        assert 0 < body["usage"]["completion_tokens"] <= 6 and body["choices"][0]["finish_reason"] in ("stop", "length")
+        assert body["agent_trace"]["model_tokens"] == body["usage"]["completion_tokens"]
+        proc.send_signal(signal.SIGTERM)  # what a service manager sends
+        # uvicorn shuts down gracefully, then re-raises the signal it caught: the process ends "terminated by
+        # SIGTERM" (0 with uvicorn versions before 0.29)
+        assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
+    text = log.read_text()
+    assert "Application shutdown complete" in text and "Finished server process" in text, text
+    assert "Traceback" not in text and " ERROR " not in text, text
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url + "/health", timeout=2)
+
+
 def test_terminal_client_interactive_session(server):
     url, _ = server
     r = subprocess.run([sys.executable, str(CLIENT), "--url", url], input=f"{Q_SHANGHAI}\n/reset\n/quit\n",
@@ -537,13 +668,27 @@ def test_terminal_client_renders_a_stream(server):
 
     from agentic_rag.serving.client import ChatClient, Renderer, stream_reply
 
+    class Recording(Renderer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.chunks: list[dict] = []
+
+        def chunk(self, chunk):
+            self.chunks.append(chunk)
+            super().chunk(chunk)
+
     url, _ = server
     out = io.StringIO()
     client = ChatClient(url)
-    answer, trace = stream_reply(client, [{"role": "user", "content": Q_SHANGHAI}], Renderer(out, color=False))
+    renderer = Recording(out, color=False)
+    answer, trace = stream_reply(client, [{"role": "user", "content": Q_SHANGHAI}], renderer)
     client.close()
     text = out.getvalue()
     assert answer == "Maureen O'Sullivan" and trace["num_searches"] == 2
+    # the renderer got the answer while it was generated, before the engine's finish event
+    kinds = [(c.get("agent_event") or {}).get("type") for c in renderer.chunks]
+    content_at = [i for i, c in enumerate(renderer.chunks) if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content_at and kinds.count("finish") == 1 and min(content_at) < kinds.index("finish")
     assert '[search] "West of Shanghai director" -> West of Shanghai; James Tinling\n' in text
     assert text.index("[search]") < text.index("answer:\nMaureen O'Sullivan")
     assert "<think>John Farrow directed it.</think>" in text and "(2 searches, 3 turns, finish: answer" in text

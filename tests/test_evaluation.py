@@ -314,3 +314,94 @@ def test_example_configs_match_the_schema(tmp_path):
             allowed = ("policy.model: no such directory", "policy.tokenizer: no such directory",
                        "search.index: no index at")
             assert all(p.startswith(allowed) for p in exc.problems), (path.name, exc.problems)
+
+
+# ------------------------------------------------------------------------------------------ MedQA
+
+
+MEDQA = "medqa/medqa_us_4opt_test.jsonl"
+
+
+def medqa_rows(indices: list[int]) -> list[dict]:
+    lines = shared(MEDQA).read_text().splitlines()
+    return [json.loads(lines[i]) for i in indices]
+
+
+def medqa_config(url: str, tok_dir: Path, path: Path, out: Path, **over) -> dict:
+    """An endpoint run over MedQA rows, closed book (the scripts answer at once)."""
+    data = endpoint_config(url, tok_dir, Path("unused"), out, **over)
+    data["dataset"] = {"path": str(path), **over.get("dataset", {})}
+    data["search"] = {"index": "none"}
+    return data
+
+
+def test_medqa_endpoint_eval_scores_the_option_letter(tmp_path, tok_dir):
+    # real rows whose gold letters are B, C, D, D, B
+    rows = medqa_rows([0, 6, 1, 3, 4])
+    assert [r["answer_idx"] for r in rows] == ["B", "C", "D", "D", "B"]
+    path = tmp_path / "medqa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = ["B", "(C)", rows[2]["options"]["D"], "A", "The answer is B"]
+    scripted = ScriptedCompletions({r["question"]: [f"<answer>{a}</answer>"] for r, a in zip(rows, answers,
+                                                                                            strict=True)})
+    with FakeOpenAI(completions=scripted, models=("fake-model",)) as srv:
+        summary = run_evaluation(config_from_dict(medqa_config(srv.url, tok_dir, path, tmp_path / "run")),
+                                 progress=False)
+    # the prompt listed the options and asked for the letter
+    prompts = [b["prompt"] for b in srv.bodies("/v1/completions")]
+    assert len(prompts) == 5 and all("Options:\nA. " in p and "Answer with the letter" in p for p in prompts)
+    recs = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["prediction"] for r in recs] == answers
+    assert [r["metrics"]["choice"] for r in recs] == [1.0, 1.0, 1.0, 0.0, 1.0]
+    for rec, row in zip(recs, rows, strict=True):
+        assert rec["meta"]["options"] == row["options"] and rec["meta"]["answer_idx"] == row["answer_idx"]
+        assert rec["gold"] == [row["answer_idx"], row["answer"]]
+    # EM / cover-EM compare with the option text only: a bare letter, or a sentence holding the gold letter,
+    # is not "covered" by the letter
+    assert [r["metrics"]["em"] for r in recs] == [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert [r["metrics"]["cover_em"] for r in recs] == [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert summary["metrics_requested"] == ["em", "f1", "cover_em", "format", "choice"]
+    assert summary["n"] == 5 and summary["metrics"]["choice"] == pytest.approx(4 / 5)
+    assert summary["metrics"]["cover_em"] == pytest.approx(1 / 5) and summary["metrics"]["format"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------ Ctrl-C
+
+
+def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes_the_rest(tmp_path, tok_dir, monkeypatch, capsys):
+    from agentic_rag.evaluation import runner
+
+    rows = medqa_rows(list(range(6)))
+    scripted = ScriptedCompletions({r["question"]: [f"<answer>{r['answer_idx']}</answer>"] for r in rows})
+    real_run_batch = runner._run_batch
+    calls = []
+
+    def ctrl_c_in_the_third_batch(*args, **kwargs):
+        calls.append(1)
+        records = real_run_batch(*args, **kwargs)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # pressed while the third batch was being scored: it is not saved
+        return records
+
+    out = tmp_path / "run"
+    with FakeOpenAI(completions=scripted, models=("fake-model",)) as srv:
+        data = medqa_config(srv.url, tok_dir, shared(MEDQA), out, rollout={"batch_size": 2})
+        data["dataset"]["limit"] = 6
+        cfg_path = tmp_path / "medqa.yaml"
+        cfg_path.write_text(yaml.safe_dump(data))
+        argv = ["eval", "--config", str(cfg_path), "--no-progress"]
+        monkeypatch.setattr(runner, "_run_batch", ctrl_c_in_the_third_batch)
+        assert main(argv) == 130
+        err = capsys.readouterr().err
+        assert (f"interrupted: finished examples are in {out}/predictions.jsonl; rerun the same command to resume"
+                in err)
+        pred = out / "predictions.jsonl"
+        assert [json.loads(x)["id"] for x in pred.read_text().splitlines()] == ["0", "1", "2", "3"]
+        assert not (out / "summary.json").exists()
+        monkeypatch.setattr(runner, "_run_batch", real_run_batch)
+        assert main(argv) == 0
+        printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [json.loads(x)["id"] for x in pred.read_text().splitlines()] == [str(i) for i in range(6)]
+    assert printed["n"] == 6 and printed["this_session"]["examples"] == 2 and printed["metrics"]["choice"] == 1.0
+    # the finished four were not rolled out again; the batch lost to Ctrl-C was
+    assert [scripted.first_turns[r["question"]] for r in rows] == [1, 1, 1, 1, 2, 2]
