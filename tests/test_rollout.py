@@ -738,3 +738,79 @@ def test_masks_are_exact_with_multi_token_tags(qwen2_tokenizer, tiny_qwen, real_
         lp = completion_logprobs(tiny_qwen, [t], pad_id=tok.pad_token_id)[0]
         model = torch.tensor(t.env_mask, dtype=torch.bool)
         assert torch.allclose(torch.tensor(t.logprobs)[model], lp[model], atol=1e-4)
+
+
+def test_sample_categorical_draws_the_distribution_and_never_a_zero_probability_token():
+    """The two-level inverse-CDF sampler (blocks of the vocabulary, then a token inside the block) against the
+    probabilities it is given: a chi-square test over 200k draws, with a vocabulary that is not a multiple of the
+    block size, zeros inside blocks, a whole zero block, and unnormalised rows."""
+    from agentic_rag.rollout.decoding import sample_categorical
+
+    p = torch.tensor([0.05, 0.0, 0.2, 0.05, 0.0, 0.0, 0.0, 0.0, 0.3, 0.1, 0.0, 0.25, 0.05])  # 13 = 3 blocks of 4 + 1
+    torch.manual_seed(0)
+    draws = torch.cat([sample_categorical(p.repeat(20_000, 1) * 7.0, block=4) for _ in range(10)])
+    counts = torch.bincount(draws, minlength=len(p)).double()
+    assert counts[p == 0].sum() == 0, "a zero-probability token was drawn"
+    expected = p.double() * len(draws)
+    chi2 = float((((counts - expected) ** 2 / expected)[p > 0]).sum())
+    assert chi2 < 26.1, chi2  # the 99.95% quantile of chi-square with 6 degrees of freedom
+    # a one-hot row (a forced token) always gives that token
+    one_hot = torch.zeros(5, 13)
+    one_hot[torch.arange(5), torch.tensor([0, 3, 4, 12, 7])] = 1.0
+    assert sample_categorical(one_hot, block=4).tolist() == [0, 3, 4, 12, 7]
+
+
+def test_cache_surgery_keeps_every_logprob_exact(qwen_tokenizer, monkeypatch):
+    """Observations fed apart from the rows that keep decoding (their cache sliced out, extended and merged
+    back) and the timeline compacted by moving cache entries: both must leave every token's log-probability
+    what the training-way re-scoring computes. Both paths are counted, so the test checks they ran; the model's
+    weights are drawn large enough that a position off by one moves the log-probabilities past the tolerance."""
+    from transformers import Qwen2ForCausalLM
+
+    from agentic_rag.rollout.decoding import DecodeSession
+    from conftest import tiny_qwen_config
+
+    config = tiny_qwen_config(len(qwen_tokenizer))
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    tiny_qwen = Qwen2ForCausalLM(config).eval()
+
+    calls = {"apart": 0, "apart_rows": 0, "compact": 0}
+    for name, key in (("_prefill_apart", "apart"), ("_compact", "compact")):
+        original = getattr(DecodeSession, name)
+
+        def spy(self, *a, _original=original, _key=key):
+            if _key == "compact":
+                calls[_key] += 1
+            else:
+                wide = sum(1 for r in a[0] if len(r.pending) > 1)
+                if 0 < wide < len(a[0]) and self._cache is not None:  # rows fed apart while others decode
+                    calls[_key] += 1
+                    calls["apart_rows"] += wide
+            return _original(self, *a)
+
+        monkeypatch.setattr(DecodeSession, name, spy)
+    tok = qwen_tokenizer
+    think = "<think>" + " ".join(f"step {i}" for i in range(40)) + "</think>"
+    scripts = {
+        "Searches early and often?": ["<search>alpha</search>", "<search>beta</search>", "<search>gamma</search>",
+                                      "<answer>a</answer>"],
+        "Thinks long first?": [think + "<search>delta</search>", "<answer>d</answer>"],
+        "Searches twice late?": ["<think>hm</think>" * 6 + "<search>eps</search>", "<search>zeta</search>",
+                                 "<answer>z</answer>"],
+        "Answers at once?": ["<answer>now</answer>"],
+        "Twin one?": ["<search>left</search>", "<answer>l</answer>"],  # the twins search in the same step
+        "Twin two?": ["<search>rite</search>", "<answer>r</answer>"],
+    }
+    policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
+    engine = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(passages_per_search=2,
+                                                                            max_tokens_per_turn=256))
+    trajs = engine.run(prompts(tok, list(scripts)), list(scripts))
+    assert [t.finish_reason for t in trajs] == ["answer"] * 6
+    assert [t.num_searches for t in trajs] == [3, 1, 2, 0, 1, 1]
+    assert calls["apart"] > 0 and calls["compact"] > 0 and calls["apart_rows"] > calls["apart"], calls
+    recomputed = completion_logprobs(tiny_qwen, trajs, pad_id=tok.pad_token_id)
+    for t, lp in zip(trajs, recomputed, strict=True):
+        model = torch.tensor(t.env_mask, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(t.logprobs)[model], lp[model], atol=1e-4), \
+            (torch.tensor(t.logprobs)[model] - lp[model]).abs().max()

@@ -16,9 +16,8 @@ Holes left by padding are removed by re-prefilling the live rows when they outgr
 Sampling is done here, not by ``model.generate``: ``log_softmax(logits / temperature)`` of the raw logits
 gives the recorded log-probability of the chosen token. The token is drawn from the same logits after the
 optional repetition penalty (applied to the raw logits before the temperature, as Hugging Face does it),
-top-k/top-p truncation and the processors, by inverse CDF (one uniform number per row
-against the cumulative sum: an exact categorical sample, much faster on CPU than ``torch.multinomial`` over a
-150k vocabulary).
+top-k/top-p truncation and the processors, by inverse CDF (:func:`sample_categorical`: one uniform number
+per row, an exact categorical sample, much faster on CPU than ``torch.multinomial`` over a 150k vocabulary).
 
 Which log-probability is recorded, and why. The trainer recomputes each token's log-probability as TRL's
 ``GRPOTrainer`` (1.16) does for its old and current policy: ``log_softmax(logits / temperature)`` of the
@@ -44,6 +43,37 @@ STOP_LENGTH = "length"
 
 # a logits processor here: (scores [n, V], the rows being sampled) -> scores
 Processor = Callable[[torch.Tensor, list["Row"]], torch.Tensor]
+
+
+def sample_categorical(probs: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """One token per row of ``probs`` ([n, V], non-negative, each row with positive mass; need not sum to 1),
+    by inverse CDF with one uniform number per row.
+
+    Exact and cheap on a CPU over a 150k vocabulary: rather than a cumulative sum over the whole vocabulary (a
+    sequential scan), the vocabulary is cut into blocks of ``block`` entries; the block is chosen from the
+    cumulative sum of the block sums (a well-vectorised reduction, then a scan over ~600 numbers), the token
+    from the cumulative sum inside that one block. A token of zero probability is never chosen.
+    """
+    n, vocab = probs.shape
+    full = vocab // block * block
+    sums = probs[:, :full].reshape(n, -1, block).sum(-1)
+    if full < vocab:
+        sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], dim=1)
+    cdf = sums.cumsum(-1)
+    total = cdf[:, -1:]
+    zero = torch.zeros_like(total)
+    # u < total strictly, so the first block whose cumulative mass exceeds u exists and has positive mass
+    u = torch.minimum(torch.rand(total.shape, dtype=total.dtype, device=total.device) * total,
+                      torch.nextafter(total, zero))
+    b = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
+    start = b * block
+    idx = start + torch.arange(block, device=probs.device)
+    inside = probs.gather(-1, idx.clamp(max=vocab - 1)).masked_fill_(idx >= vocab, 0.0)
+    inner = inside.cumsum(-1)
+    offset = (u - (cdf.gather(-1, b) - sums.gather(-1, b))).clamp_(min=0)
+    offset = torch.minimum(offset, torch.nextafter(inner[:, -1:], zero))
+    t = torch.searchsorted(inner, offset, right=True).clamp_(max=block - 1)
+    return (start + t)[:, 0]
 
 
 @dataclass
@@ -164,19 +194,24 @@ class DecodeSession:
         fed = [r for r in live if r.pending]
         if not fed:
             return []
+        self._prefill_apart(live)
         width = max(len(r.pending) for r in fed)
         n = len(live)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros((n, width), dtype=torch.bool)
-        positions = torch.zeros((n, width), dtype=torch.long)
-        for b, row in enumerate(live):
-            k = len(row.pending)
-            if k:
-                input_ids[b, width - k:] = torch.tensor(row.pending, dtype=torch.long)
-                new_mask[b, width - k:] = True
-                positions[b, width - k:] = torch.arange(row.position, row.position + k)
-                row.position += k
-                row.pending = []
+        # built as Python lists and converted once (a decode step feeds one token per row: per-row tensor
+        # writes would cost more than the lists)
+        ids_rows: list[list[int]] = []
+        pos_rows: list[list[int]] = []
+        mask_rows: list[list[bool]] = []
+        for row in live:
+            k, pad = len(row.pending), width - len(row.pending)
+            ids_rows.append([self.pad_id] * pad + row.pending)
+            pos_rows.append([0] * pad + list(range(row.position, row.position + k)))
+            mask_rows.append([False] * pad + [True] * k)
+            row.position += k
+            row.pending = []
+        input_ids = torch.tensor(ids_rows, dtype=torch.long)
+        positions = torch.tensor(pos_rows, dtype=torch.long)
+        new_mask = torch.tensor(mask_rows, dtype=torch.bool)
         mask = new_mask if self._mask is None else torch.cat([self._mask, new_mask], dim=1)
         with torch.no_grad():
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device).long(),
@@ -190,14 +225,15 @@ class DecodeSession:
         if sampling:
             logits = out.logits[sampling, -1].float()
             tokens, logps = self._sample(logits, [live[b] for b in sampling])
+            tokens, logps = tokens.tolist(), logps.tolist()  # one conversion, not one per row
             for j, b in enumerate(sampling):
                 row = live[b]
-                token = int(tokens[j])
+                token = tokens[j]
                 row.generated.append(token)
                 row.context.append(token)
                 row.pending = [token]
                 if self.return_logprobs:
-                    row.logprobs.append(float(logps[j]))
+                    row.logprobs.append(logps[j])
                 if self.on_token is not None:
                     self.on_token(row, token)
                 reason = self._stop_reason(row, token)
@@ -207,6 +243,51 @@ class DecodeSession:
                                                        list(row.logprobs) if self.return_logprobs else None, reason)))
         self._maybe_compact()
         return stopped
+
+    def _prefill_apart(self, live: list[Row]) -> None:
+        """Feed the long inputs (an observation appended to a resumed row, a new row's prompt) of a few rows
+        in a forward pass of their own, all but each one's last token, so the step that follows feeds one token
+        per row. Fed with everyone else, a 100-token observation would be a 100-wide block for every row: the
+        others would run 99 positions of padding through the model. The cache of those rows is sliced out,
+        extended, and merged back; the other rows get masked (invalid) entries over the same span, as they
+        would have got padding. Only when some row has a single token to feed and the cache is plain
+        ``DynamicLayer``s (otherwise the usual, padded step does the work)."""
+        wide = [b for b, r in enumerate(live) if len(r.pending) > 1]
+        if not wide or len(wide) == len(live) or self._cache is None or self._mask is None or not self._can_grow():
+            return
+        from transformers.cache_utils import DynamicCache
+
+        idx = torch.tensor(wide, device=self.device)
+        width = max(len(live[b].pending) - 1 for b in wide)
+        ids_rows, pos_rows, mask_rows = [], [], []
+        for b in wide:
+            row = live[b]
+            head, k = row.pending[:-1], len(row.pending) - 1
+            ids_rows.append([self.pad_id] * (width - k) + head)
+            pos_rows.append([0] * (width - k) + list(range(row.position, row.position + k)))
+            mask_rows.append([False] * (width - k) + [True] * k)
+            row.position += k
+            row.pending = row.pending[-1:]
+        new_mask = torch.tensor(mask_rows, dtype=torch.bool)
+        layers = self._cache.layers
+        sub = DynamicCache(ddp_cache_data=[(layer.keys[idx], layer.values[idx]) for layer in layers])
+        sub_mask = torch.cat([self._mask[wide], new_mask], dim=1)
+        with torch.no_grad():
+            self.model(input_ids=torch.tensor(ids_rows, dtype=torch.long, device=self.device),
+                       attention_mask=sub_mask.to(self.device).long(),
+                       position_ids=torch.tensor(pos_rows, dtype=torch.long, device=self.device),
+                       past_key_values=sub, use_cache=True, logits_to_keep=1)
+        start = self._mask.shape[1]
+        for layer, part in zip(layers, sub.layers, strict=True):
+            for name in ("keys", "values"):
+                full, new = getattr(layer, name), getattr(part, name)[:, :, start:]
+                grown = torch.cat([full, full.new_zeros((full.shape[0], full.shape[1], width, full.shape[3]))], dim=2)
+                grown[idx, :, start:] = new
+                setattr(layer, name, grown)
+        mask = torch.cat([self._mask, torch.zeros((self._mask.shape[0], width), dtype=torch.bool)], dim=1)
+        mask[wide, start:] = new_mask
+        self._mask = mask
+        self.forward_tokens += len(wide) * width
 
     def _stop_reason(self, row: Row, token: int) -> str | None:
         if token in self.eos_ids:
@@ -222,35 +303,34 @@ class DecodeSession:
 
     def _sample(self, logits: torch.Tensor, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.sampling
-        # the recorded log-probability: the raw logits at the sampling temperature, what the trainer recomputes
-        logp = torch.log_softmax(logits / s.temperature, dim=-1)
-        scores = logp
+        x = logits if s.temperature == 1.0 else logits / s.temperature
+        # the recorded log-probability: the raw logits at the sampling temperature, what the trainer recomputes;
+        # taken before anything below (processors may write into ``scores`` in place)
+        raw = torch.softmax(x, dim=-1)
+        scores = x
         if s.repetition_penalty != 1.0:  # shapes the sampling only (see the module docstring)
             penalized = logits.clone()
             for j, row in enumerate(rows):
                 seen = torch.tensor(sorted(set(row.context)), dtype=torch.long, device=logits.device)
                 vals = penalized[j, seen]
                 penalized[j, seen] = torch.where(vals > 0, vals / s.repetition_penalty, vals * s.repetition_penalty)
-            scores = torch.log_softmax(penalized / s.temperature, dim=-1)
+            scores = penalized / s.temperature
         if s.do_sample and s.top_k and s.top_k < scores.shape[-1]:
             kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]
             scores = scores.masked_fill(scores < kth, float("-inf"))
         if s.do_sample and s.top_p < 1.0:
             sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
-            cum = sorted_scores.softmax(-1).cumsum(-1)
-            drop = cum - sorted_scores.softmax(-1) >= s.top_p  # keep the smallest prefix reaching top_p
+            probs = sorted_scores.softmax(-1)
+            drop = probs.cumsum(-1) - probs >= s.top_p  # keep the smallest prefix reaching top_p
             scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
         for proc in self.processors:
             scores = proc(scores, rows)
-        if s.do_sample:
-            # inverse-CDF sampling: one uniform number per row (exact, and far cheaper on CPU than drawing a
-            # random number per vocabulary entry as torch.multinomial or the exponential race do)
-            cdf = scores.exp().cumsum(dim=-1)
-            u = torch.rand((cdf.shape[0], 1), device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
-            tokens = torch.searchsorted(cdf, u)[:, 0].clamp_(max=cdf.shape[-1] - 1)
-        else:
+        if not s.do_sample:
             tokens = torch.argmax(scores, dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+        else:
+            shaped = scores is not x or bool(self.processors)
+            tokens = sample_categorical(torch.softmax(scores, dim=-1) if shaped else raw)
+        return tokens, raw.gather(-1, tokens[:, None])[:, 0].log()
 
     # ---------------------------------------------------------------------------------- cache layout
 
@@ -285,11 +365,35 @@ class DecodeSession:
         return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
 
     def _maybe_compact(self) -> None:
+        """Keep the cache's timeline close to the longest row's valid content. Padding blocks, released
+        turns and reset rows leave invalid entries that every later step would still attend over and copy."""
         if self._mask is None:
             return
-        content = max((len(r.context) - len(r.pending) for r in self.rows.values()), default=0)
-        if self._mask.shape[1] > 2 * content + self.compact_slack:
+        valid = self._mask.sum(dim=1)
+        longest = int(valid.max()) if valid.numel() else 0
+        if self._can_grow():  # plain dynamic layers: moving entries is a gather, far cheaper than re-feeding
+            if self._mask.shape[1] > longest + max(self.compact_slack // 4, longest // 2):
+                self._compact(longest)
+        elif self._mask.shape[1] > 2 * longest + self.compact_slack:
             self._reprefill()
+
+    def _compact(self, longest: int) -> None:
+        """Move every row's valid cache entries, in order, to the right end of a timeline ``longest`` wide.
+        Keys and values keep their rotary positions (each token was fed with its own position id), so
+        attention over the moved entries is what it was."""
+        if longest == 0:
+            self._cache, self._mask = None, None
+            return
+        width = self._mask.shape[1]
+        # a stable sort puts each row's invalid entries first and its valid ones after, both in order
+        keep = torch.argsort(self._mask.to(torch.int8), dim=1, stable=True)[:, width - longest:]
+        self._mask = self._mask.gather(1, keep)
+        index = keep.to(self.device)
+        for layer in self._cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                setattr(layer, name, t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], longest,
+                                                                              t.shape[3])))
 
     def _reprefill(self, extra: Sequence[int] = ()) -> None:
         """Forget the cache; every live row feeds its whole context again at the next step."""
