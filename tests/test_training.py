@@ -165,6 +165,28 @@ def test_environment_tokens_never_reach_the_loss_kl_or_gradients(tiny_model_dir,
     assert (loss0 - _loss_and_grads(trainer, context)[0]).abs() > 1e-6
 
 
+def test_only_model_tokens_go_through_the_lm_head(tiny_model_dir, world_dir, tmp_path, monkeypatch):
+    """The fused LM head projects exactly the positions that predict a model token: not the prompt, not the
+    padding, not the observations (labels -100), on a CPU as on a GPU (compact_lm_head_scoring)."""
+    import trl.trainer.utils as trl_utils
+
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, beta=0.0)
+    trainer.current_gradient_accumulation_steps = 1
+    inputs, env, _, _ = _loss_inputs(trainer, trainer.processing_class)
+    projected = []
+    original = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, *args):
+        projected.append(hidden.shape[0])
+        return original(hidden, *args)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    trainer._compute_loss(trainer.model, copy.deepcopy(inputs))
+    model_tokens = int((inputs["completion_mask"] * inputs["tool_mask"]).sum())
+    assert projected == [model_tokens], (projected, model_tokens)
+    assert int(env.sum()) > 0 and model_tokens < int(inputs["completion_mask"].sum()), "observations were skipped"
+
+
 def test_branched_trajectories_are_scored_under_their_own_contexts(tiny_model_dir, world_dir, tmp_path):
     """The trainer's log-probabilities (TRL's fused head, our tree mask) equal the rollout's after a backtrack."""
     trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, beta=0.0)

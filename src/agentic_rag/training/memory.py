@@ -58,9 +58,12 @@ What is modelled (the training setup of this project; every number below is per 
   scored position), the fp32 gradient of those hidden states (4h), one tile buffer in the compute dtype, and a few
   fp32 values per position. On CUDA (Triton) only the completion positions are scored and the tile is folded in
   place; on the CPU every position is scored and the torch fallback keeps seven fp32 copies of the tile and a
-  boolean one during backward. ``--logits full`` models a trainer that materialises the completion logits
-  instead: bf16 logits, their fp32 log-softmax kept for backward and an fp32 gradient, 10 bytes per
-  (completion token, vocabulary entry).
+  boolean one during backward. These are TRL's own rules and what ``experiments/benchmarks/memory_check.py``
+  measures; ``AgenticGRPOTrainer`` scores less (environment tokens get label -100 and are not projected, and it
+  makes the CPU score only labelled positions as Triton does), so for it the term is an upper bound: it counts
+  every completion position, inserted observations included. ``--logits full`` models a trainer that
+  materialises the completion logits instead: bf16 logits, their fp32 log-softmax kept for backward and an fp32
+  gradient, 10 bytes per (completion token, vocabulary entry).
 * **ZeRO-3 gathers** (``zero3_gather``): ZeRO-3 gathers each module's full parameters when it runs: in training, at
   most the larger of the embedding, the LM head or two decoder layers plus the prefetch bucket
   (0.9 * hidden_size**2 elements, HF's ``auto``). For generation TRL gathers the whole model at once

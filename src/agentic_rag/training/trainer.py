@@ -53,6 +53,30 @@ LENGTH_ENDINGS = ("turn_token_limit", "max_completion_tokens")
 COMPLETE_MARKER = ".complete"
 
 
+def compact_lm_head_scoring() -> None:
+    """Make TRL's fused LM head project only the labelled positions on a CPU too, as it does on Triton devices.
+
+    TRL 1.16 scores every position of the batch (prompt, padding and all) on devices without Triton, so that
+    compilers with fixed tile shapes (Neuron) do not recompile for every batch; the unlabelled positions are
+    then thrown away. On a CPU there is nothing to recompile and the waste is the whole prompt (and, with our
+    labels, every observation) run through the vocabulary projection. The results are identical: the same
+    per-token function (its torch tiles on a CPU) over the labelled rows only. Applied once per process, by
+    patching the module-level switch the fused forward reads (trl.trainer.utils._use_triton, pinned trl 1.16);
+    the kernel module keeps its own switch, so no Triton kernel is ever asked to run on a CPU.
+    """
+    import trl.trainer.utils as trl_utils
+
+    current = trl_utils._use_triton
+    if getattr(current, "agentic_rag_compact", False):
+        return
+
+    def use_compact(device: torch.device) -> bool:
+        return device.type == "cpu" or current(device)
+
+    use_compact.agentic_rag_compact = True  # type: ignore[attr-defined]
+    trl_utils._use_triton = use_compact
+
+
 def algorithm_args(name: str, *, epsilon_high: float | None = None,
                    mask_truncated: bool | None = None) -> dict[str, Any]:
     """GRPOConfig settings of each algorithm (through TRL's own options wherever they exist)."""
@@ -145,8 +169,10 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self._shuffle_calls = 0
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
+        self._active_env: list[list[int]] | torch.Tensor | None = None  # env_mask of the rows being scored
         self._last_trajectories: list[Trajectory] = []
         self._rewards_per_func: torch.Tensor | None = None
+        compact_lm_head_scoring()
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          processing_class=tokenizer, peft_config=peft_config, rollout_func=self._rollout,
                          callbacks=callbacks)
@@ -186,6 +212,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 t.append([eos], ENV)
         self._last_trajectories = trajs
         self._active_layouts = [None if t.is_linear else TreeLayout(t) for t in trajs]
+        self._active_env = [t.env_mask for t in trajs]
         self._log_rollouts(trajs)
         return {
             "prompt_ids": [t.prompt_ids for t in trajs],
@@ -240,6 +267,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
         finally:
             layouts, self._active_layouts = self._active_layouts, None
+            self._active_env = None
         output["agentic_layout"] = layouts if layouts is not None else [None] * len(output["advantages"])
         if self.agent.algorithm == "reinforce_pp" and self._rewards_per_func is not None:
             weights = self.reward_weights.to(self._rewards_per_func.device)
@@ -258,43 +286,41 @@ class AgenticGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         self._active_layouts = inputs.get("agentic_layout")
+        self._active_env = inputs.get("tool_mask")
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self._active_layouts = None
+            self._active_layouts, self._active_env = None, None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
-        layouts = self._active_layouts
-        if layouts is None or not any(layouts) or any(v is not None for v in multimodal.values()):
+        """TRL's scoring, with two differences. Branched trajectories (backtrack, summary) get a tree-shaped 4D
+        mask and their own position ids. And environment tokens are not scored: their labels are -100, so the
+        fused LM head, which projects only labelled positions, skips them; they still pass through the
+        backbone as context. Their log-probability (and entropy) comes back as 0 and is masked out of the
+        loss, the KL and the metrics by ``completion_mask * env_mask`` anyway; an observation-heavy
+        trajectory no longer pays the vocabulary projection, in time and memory, for text it did not write."""
+        if any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                 compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-        if len(layouts) != input_ids.size(0):
+        layouts, env = self._active_layouts, self._env_tensor(logits_to_keep, input_ids)
+        if layouts is not None and len(layouts) != input_ids.size(0):
             raise RuntimeError(f"{len(layouts)} layouts for a batch of {input_ids.size(0)} rows")
         batch_size = batch_size or input_ids.size(0)
         prompt_width = input_ids.size(1) - logits_to_keep
-        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            dtype = torch.bfloat16
         all_logps, all_entropies, all_aux = [], [], []
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
             ids, mask = input_ids[start:end], attention_mask[start:end]
-            positions, allowed = [], []
-            for row, lay in zip(range(start, end), layouts[start:end], strict=True):
-                pos, vis = (lay.tensors(prompt_width, logits_to_keep) if lay is not None
-                            else linear_tensors(attention_mask[row]))
-                positions.append(pos)
-                allowed.append(vis)
-            pos_t = torch.stack(positions).to(ids.device)
-            additive = torch.zeros((end - start, 1, ids.size(1), ids.size(1)), dtype=dtype, device=ids.device)
-            additive.masked_fill_(~torch.stack(allowed)[:, None].to(ids.device), torch.finfo(dtype).min)
             labels = ids.masked_fill(mask == 0, -100)
             labels[:, :-logits_to_keep] = -100
-            # Model segments always follow their parent directly (only environment notes start a branch), so
-            # the ordinary shift (position i predicts token i + 1) is right for every token that is trained on.
-            kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": additive, "position_ids": pos_t}
+            if env is not None:
+                labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(env[start:end] == 0, -100)
+            kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+            if layouts is not None and any(layouts[start:end]):
+                kwargs.update(self._tree_inputs(model, layouts[start:end], attention_mask[start:end], prompt_width,
+                                                logits_to_keep))
             if compute_aux_loss:
                 kwargs["output_router_logits"] = True
             with self.accelerator.autocast():
@@ -308,6 +334,41 @@ class AgenticGRPOTrainer(GRPOTrainer):
         entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
         aux = torch.stack(all_aux).mean() if compute_aux_loss else None
         return logps, entropies, aux
+
+    def _env_tensor(self, width: int, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The env_mask of the rows being scored as a ``[rows, width]`` tensor (1 where padding), or None."""
+        env = self._active_env
+        if env is None:
+            return None
+        if isinstance(env, torch.Tensor):
+            out = env[:, :width]
+        else:
+            out = torch.ones((len(env), width), dtype=torch.long)
+            for i, m in enumerate(env):
+                out[i, :min(len(m), width)] = torch.tensor(m[:width], dtype=torch.long)
+        if out.shape[0] != input_ids.size(0):
+            raise RuntimeError(f"env masks for {out.shape[0]} rows, a batch of {input_ids.size(0)}")
+        return out.to(input_ids.device)
+
+    @staticmethod
+    def _tree_inputs(model, layouts, attention_mask, prompt_width: int, completion_width: int) -> dict[str, Any]:
+        """Position ids and an additive 4D mask for a micro-batch that holds a branched trajectory."""
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            dtype = torch.bfloat16
+        positions, allowed = [], []
+        for row_mask, lay in zip(attention_mask, layouts, strict=True):
+            pos, vis = (lay.tensors(prompt_width, completion_width) if lay is not None
+                        else linear_tensors(row_mask))
+            positions.append(pos)
+            allowed.append(vis)
+        device = attention_mask.device
+        n = prompt_width + completion_width
+        additive = torch.zeros((len(layouts), 1, n, n), dtype=dtype, device=device)
+        additive.masked_fill_(~torch.stack(allowed)[:, None].to(device), torch.finfo(dtype).min)
+        # Model segments always follow their parent directly (only environment notes start a branch), so the
+        # ordinary shift (position i predicts token i + 1) is right for every token that is trained on.
+        return {"attention_mask": additive, "position_ids": torch.stack(positions).to(device)}
 
     # ----------------------------------------------------------------------------------- checkpoints
 
