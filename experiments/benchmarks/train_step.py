@@ -19,7 +19,7 @@ What is compared, exactly:
   and masked out of the loss).
 * **LM head scoring, both sides**: TRL's fused LM head projects only the labelled positions (the completion) on
   a GPU, but every position (the prompt too) on a CPU. Our trainer makes the CPU do what the GPU does
-  (``agentic_rag.training.trainer.compact_lm_head_scoring``); the vanilla TRL runs call the same switch, so both
+  (``agentic_rag.training.model.compact_lm_head_scoring``); the vanilla TRL runs call the same switch, so both
   sides score as they would on a GPU and neither is timed projecting prompts it throws away.
 * **Vanilla TRL**, twice: (1) ``min_new_tokens = max_new_tokens = `` our mean model-token count (measured), so
   both decode the same number of model tokens: ``step_time_ratio``; (2) as many tokens as our mean total
@@ -152,7 +152,7 @@ def child(kind: str, work: Path, steps: int, model_tokens: int, obs: int, trl_to
                                      train_dataset=data, tools=SearchTool(open_searcher(work / "index")),
                                      limits=limits, chat=False, processors=[forcing._force], peft_config=lora)
     else:
-        from agentic_rag.training.trainer import compact_lm_head_scoring
+        from agentic_rag.training.model import compact_lm_head_scoring
 
         compact_lm_head_scoring()  # score like a GPU, as ours does (see the module docstring)
         # the same prompt as ours, as text: TRL tokenizes it (the ids are compared by the parent)

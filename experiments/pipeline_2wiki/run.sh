@@ -16,7 +16,7 @@ cli index build --corpus "$DATA/hipporag/2wikimultihopqa_corpus.json" --out outp
 echo "== questions, tiny model, expert trajectories"
 "$PY" "$HERE/prepare.py" --data "$DATA" --index outputs/indexes/2wiki --out "$OUT"
 echo "== SFT warm start"
-cli sft --model "$OUT/init" --data "$OUT/sft_data.jsonl" --out "$OUT/sft" --full --epochs 2 --lr 1e-3 --batch-size 8
+cli sft --model "$OUT/init" --data "$OUT/sft_data.jsonl" --out "$OUT/sft" --full --chat false --epochs 12 --lr 1e-3 --batch-size 8
 echo "== evaluate the SFT model"
 cli eval --config "$HERE/eval.yaml" --set policy.model="$OUT/sft" --output-dir "$OUT/eval/sft" --no-progress
 echo "== GRPO"
@@ -28,9 +28,12 @@ cli eval --config "$HERE/eval.yaml" --set policy.model="$OUT/sft" --set policy.a
 import json, sys
 out, dest = sys.argv[1], sys.argv[2]
 train = json.load(open(f"{out}/grpo/train_summary.json"))
+steps = [h for h in train["log_history"] if "reward" in h]
 rec = {"grpo_steps": train["global_step"],
-       "rewards": [h.get("reward") for h in train["log_history"] if "reward" in h],
-       "searches_per_rollout": [h.get("agentic/num_searches") for h in train["log_history"] if "reward" in h]}
+       "rewards": [h.get("reward") for h in steps],
+       "reward_per_function": {k.split("/")[1]: [h[k] for h in steps] for k in steps[0]
+                               if k.startswith("rewards/") and k.endswith("/mean")} if steps else {},
+       "searches_per_rollout": [h.get("agentic/searches_per_trajectory") for h in train["log_history"] if "reward" in h]}
 for name in ("sft", "grpo"):
     s = json.load(open(f"{out}/eval/{name}/summary.json"))
     rec[name] = {"n": s["n"], "metrics": s["metrics"], "searches_per_question": s["searches_per_question"],

@@ -114,7 +114,7 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
 
     from ..config import ModelConfig
     from ..models import load_tokenizer, torch_dtype
-    from .model import lora_config
+    from .model import compact_lm_head_scoring, lora_config
 
     tokenizer = load_tokenizer(model, padding_side="right")
     examples, skipped = read_examples(data, tokenizer, dialect, language=language, chat=chat)
@@ -126,6 +126,7 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
                      per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
                      seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
                      use_cpu=not torch.cuda.is_available(), bf16=False)
+    compact_lm_head_scoring()  # on a CPU, project only the trained (labelled) positions, as on a GPU
     trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
     return trainer, examples, skipped
 

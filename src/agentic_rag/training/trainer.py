@@ -45,36 +45,13 @@ from ..data.prompts import build_prompt
 from ..rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams
 from ..rollout.scoring import layout
 from ..rollout.trajectory import ENV, MODEL, Trajectory
+from .model import compact_lm_head_scoring
 
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "reinforce_pp")
 LENGTH_ENDINGS = ("turn_token_limit", "max_completion_tokens")
 COMPLETE_MARKER = ".complete"
-
-
-def compact_lm_head_scoring() -> None:
-    """Make TRL's fused LM head project only the labelled positions on a CPU too, as it does on Triton devices.
-
-    TRL 1.16 scores every position of the batch (prompt, padding and all) on devices without Triton, so that
-    compilers with fixed tile shapes (Neuron) do not recompile for every batch; the unlabelled positions are
-    then thrown away. On a CPU there is nothing to recompile and the waste is the whole prompt (and, with our
-    labels, every observation) run through the vocabulary projection. The results are identical: the same
-    per-token function (its torch tiles on a CPU) over the labelled rows only. Applied once per process, by
-    patching the module-level switch the fused forward reads (trl.trainer.utils._use_triton, pinned trl 1.16);
-    the kernel module keeps its own switch, so no Triton kernel is ever asked to run on a CPU.
-    """
-    import trl.trainer.utils as trl_utils
-
-    current = trl_utils._use_triton
-    if getattr(current, "agentic_rag_compact", False):
-        return
-
-    def use_compact(device: torch.device) -> bool:
-        return device.type == "cpu" or current(device)
-
-    use_compact.agentic_rag_compact = True  # type: ignore[attr-defined]
-    trl_utils._use_triton = use_compact
 
 
 def algorithm_args(name: str, *, epsilon_high: float | None = None,
