@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
+
+from .logs import configure_logging
 
 # Each module has ``register(subparsers)`` adding its subcommands, each with ``func(args) -> int``.
 COMMAND_MODULES = [
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     from .search.corpus import CorpusFormatError
     from .search.types import SearchError
 

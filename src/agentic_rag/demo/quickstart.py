@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..logs import configure_logging
+
 log = logging.getLogger("agentic_rag.quickstart")
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -386,9 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("bitsandbytes", "DeepSpeed", "deepspeed"):  # import-time notes about optional CPU kernels
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     s = Settings(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
                  grpo_steps=args.steps, workers=max(1, args.workers), sft_epochs=args.sft_epochs)
     started = time.perf_counter()

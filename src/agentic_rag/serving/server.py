@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from ..logs import configure_logging
 from .config import ServerConfig
 
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a malformed environment variable
         print(f"chat_server: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     problems = config.problems()
     if problems:
         print("chat_server: invalid configuration:\n  - " + "\n  - ".join(problems), file=sys.stderr)

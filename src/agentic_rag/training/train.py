@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, ExperimentConfig, config_to_dict, load_config
+from ..logs import configure_logging
 
 log = logging.getLogger("agentic_rag.train")
 
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="validate the config and exit")
     ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         cfg = load_config(args.config, overrides=parse_overrides(args.set))
     except ConfigError as exc:
