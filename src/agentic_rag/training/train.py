@@ -116,21 +116,24 @@ def policy_model(cfg: ExperimentConfig):
     return PeftModel.from_pretrained(model, cfg.model.adapter, is_trainable=True), None
 
 
-def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64) -> int:
+def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64, rows: list[dict[str, Any]] | None = None,
+                          tokenizer: Any = None) -> int:
     """Tokens of the longest templated training prompt (system prompt, chat template, question), the prompt length
     of a rollout batch at worst. The template is the same for every question, so only the ``sample`` longest
-    questions (by characters) are templated and tokenized: cheap even for a large training file."""
+    questions (by characters) are templated and tokenized: cheap even for a large training file. ``rows`` and
+    ``tokenizer``, when the caller has them, are not read again."""
     from ..data.prompts import build_prompt
     from ..models import load_tokenizer
 
-    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
-    longest = sorted({r["prompt"] for r in training_rows(cfg)}, key=len, reverse=True)[:sample]
+    tokenizer = tokenizer or load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
+    rows = training_rows(cfg) if rows is None else rows
+    longest = sorted({r["prompt"] for r in rows}, key=len, reverse=True)[:sample]
     return max(len(build_prompt(tokenizer, q, cfg.rollout.dialect, language=cfg.data.language,
                                 chat=cfg.model.chat_template, system=cfg.data.system_prompt or None))
                for q in longest)
 
 
-def memory_setup(cfg: ExperimentConfig):
+def memory_setup(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None, tokenizer: Any = None):
     """The :class:`~agentic_rag.training.memory.TrainingSetup` of this run, as the estimator needs it: the launch's
     processes (``WORLD_SIZE``) and ZeRO stage (``ACCELERATE_DEEPSPEED_ZERO_STAGE``, which the launch scripts export
     for the stage they launch; ZeRO-2, the larger estimate, when unknown), the config's quantisation, LoRA rank,
@@ -157,12 +160,14 @@ def memory_setup(cfg: ExperimentConfig):
                          quant="nf4" if m.quantization == "nf4" else "none", lora_rank=rank,
                          lora_targets=tuple(targets), lora_dropout=dropout,
                          batch=batch, num_generations=group, micro_batch=a.per_device_train_batch_size,
-                         generation_batch=decoded, max_prompt=longest_prompt_tokens(cfg),
+                         generation_batch=decoded,
+                         max_prompt=longest_prompt_tokens(cfg, rows=rows, tokenizer=tokenizer),
                          max_completion=cfg.rollout.max_completion_tokens,
                          gradient_checkpointing=m.gradient_checkpointing)
 
 
-def fit_check(cfg: ExperimentConfig) -> tuple[Any, str | None]:
+def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None,
+              tokenizer: Any = None) -> tuple[Any, str | None]:
     """``(setup, warning)``: the :func:`memory_setup` the estimate assumed (None when no estimate was made: no GPU
     memory budget, i.e. no GPU and no ``gpu_memory_gb``, or an estimate that cannot be made) and the memory
     estimator's warning (None when it fits)."""
@@ -172,7 +177,7 @@ def fit_check(cfg: ExperimentConfig) -> tuple[Any, str | None]:
     if budget is None:
         return None, None
     try:
-        setup = memory_setup(cfg)
+        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer)
         warning = check_fits(EstimateInputs(cfg.model.name_or_path, setup), budget)
     except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made must not stop training
         log.info("no memory estimate (%s)", exc)
@@ -204,14 +209,15 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
 
     state = PartialState()
     set_seed(cfg.seed)
-    estimated, warning = fit_check(cfg)
+    rows = training_rows(cfg)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
+    estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer)
     if warning:
         log.warning(warning)
 
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
-    dataset = Dataset.from_list(training_rows(cfg))
-    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
+    dataset = Dataset.from_list(rows)
     limits = rollout_limits(cfg)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
     reward_funcs, weights = build_rewards(cfg, eos_tokens)
