@@ -8,6 +8,8 @@ import subprocess
 import sys
 from importlib.metadata import version
 
+from packaging.requirements import Requirement
+
 from conftest import ROOT
 
 
@@ -16,8 +18,9 @@ def pinned() -> dict[str, str]:
     cfg.read(ROOT / "setup.cfg")
     pins = {}
     for line in cfg["options"]["install_requires"].strip().splitlines():
-        name, _, ver = line.strip().partition("==")
-        pins[name] = ver
+        req = Requirement(line.strip())  # "swanlab[dashboard]==0.10.3": the package is swanlab
+        specs = list(req.specifier)
+        pins[req.name] = specs[0].version if len(specs) == 1 and specs[0].operator == "==" else ""
     return pins
 
 
@@ -43,6 +46,7 @@ from agentic_rag.search.jvm import run_in_jvm
 from jnius import autoclass
 java = run_in_jvm(lambda: autoclass("java.lang.System").getProperty("java.version"))
 import pyserini.search.lucene, ragas, trl, peft, bitsandbytes, deepspeed, swanlab, faiss, fastapi, transformers
+import swanboard  # swanlab watch: the local dashboard
 from ragas.metrics import *  # noqa
 print(json.dumps({"java": java, "openai_key_left_behind": "OPENAI_API_KEY" in os.environ,
                   "trl": trl.__version__, "peft": peft.__version__, "deepspeed": deepspeed.__version__}))

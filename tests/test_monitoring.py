@@ -14,8 +14,8 @@ from agentic_rag.training.monitoring import init_swanlab, render_table, resolve_
 
 def test_auto_mode_is_cloud_with_a_key_and_offline_without():
     assert resolve_mode("auto", {"SWANLAB_API_KEY": "k"}) == "cloud"
-    assert resolve_mode("auto", {}) == "offline"
-    assert resolve_mode("auto", {"SWANLAB_API_KEY": ""}) == "offline"
+    assert resolve_mode("auto", {}) == "local"  # what `swanlab watch` shows
+    assert resolve_mode("auto", {"SWANLAB_API_KEY": ""}) == "local"
     for explicit in ("offline", "cloud", "local", "disabled"):  # an explicit mode wins over the key
         assert resolve_mode(explicit, {"SWANLAB_API_KEY": "k"}) == explicit
         assert resolve_mode(explicit, {}) == explicit
@@ -42,7 +42,7 @@ def test_init_swanlab_logs_in_only_for_the_cloud(swanlab_calls, monkeypatch, tmp
     swanlab_calls.clear()
     monkeypatch.delenv("SWANLAB_API_KEY")
     init_swanlab(LoggingConfig(), str(tmp_path), {}, is_main=True)
-    assert [c[0] for c in swanlab_calls] == ["init"] and swanlab_calls[0][1]["mode"] == "offline"
+    assert [c[0] for c in swanlab_calls] == ["init"] and swanlab_calls[0][1]["mode"] == "local"
     swanlab_calls.clear()
     assert init_swanlab(LoggingConfig(swanlab_mode="disabled"), str(tmp_path), {}, is_main=True) is None
     assert init_swanlab(LoggingConfig(), str(tmp_path), {}, is_main=False) is None

@@ -114,7 +114,9 @@ def test_quickstart_end_to_end_small(tmp_path):
     assert summary["seeds"] == [0] and summary["settings"]["grpo_steps"] == 2
     assert 0 <= summary["sft_sampled_two_hop"]["two_searches_rate"] <= 1
     assert (out / "reward_curve.png").stat().st_size > 10_000
-    assert any((out / "swanlog").rglob("*")), "SwanLab offline logs"
+    for run in ("seed0-grpo", "seed0-control"):  # each run's own live log, in local (dashboard) mode
+        assert (out / "runs" / run / "swanlog" / "runs.swanlab").is_file()
+    assert_dashboard_serves(out / "swanlog", {"GRPO seed 0", "control seed 0"})
     for line in ("SFT (before)", "GRPO seed 0", "control seed 0", "swanlab watch", str(out / "summary.json")):
         assert line in proc.stdout
     for run in ("seed0-grpo", "seed0-control"):
@@ -125,3 +127,35 @@ def test_quickstart_end_to_end_small(tmp_path):
                            timeout=300)
     assert again.returncode == 0 and json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
     assert "steps in" not in again.stdout
+
+
+def assert_dashboard_serves(log_dir: Path, experiments: set[str]) -> None:
+    """`swanlab watch LOG_DIR` (the command the quick start prints) on 127.0.0.1 lists exactly these
+    experiments, each with logged metrics."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    swanlab_cli = Path(sys.executable).with_name("swanlab")
+    proc = subprocess.Popen([str(swanlab_cli), "watch", str(log_dir), "-h", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline, project = time.time() + 60, None
+        while time.time() < deadline and project is None:
+            try:
+                project = httpx.get(f"http://127.0.0.1:{port}/api/v1/project", timeout=2).json()["data"]
+            except (httpx.HTTPError, KeyError, ValueError):
+                assert proc.poll() is None, "swanlab watch exited"
+                time.sleep(0.5)
+        assert project is not None, "the dashboard did not answer"
+        assert {e["name"] for e in project["experiments"]} == experiments
+        for e in project["experiments"]:
+            charts = httpx.get(f"http://127.0.0.1:{port}/api/v1/experiment/{e['id']}/chart", timeout=5)
+            assert charts.status_code == 200 and "reward" in charts.text, charts.text[:300]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

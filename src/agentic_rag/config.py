@@ -151,10 +151,12 @@ class AlgorithmConfig:
 
 @dataclass
 class LoggingConfig:
-    swanlab_mode: str = _f("auto", "auto (default: cloud when SWANLAB_API_KEY is set, offline otherwise), "
-                                   "offline, cloud (needs SWANLAB_API_KEY), local or disabled (env SWANLAB_MODE)")
+    swanlab_mode: str = _f("auto", "auto (default: cloud when SWANLAB_API_KEY is set, else local: the runs "
+                                   "`swanlab watch` shows), local, offline (for `swanlab sync` later), cloud "
+                                   "(needs SWANLAB_API_KEY) or disabled (env SWANLAB_MODE)")
     swanlab_project: str = _f("agentic-rag-r1", "SwanLab project (env SWANLAB_PROJECT)")
-    swanlab_log_dir: str = _f("", "where offline logs go (env SWANLAB_LOG_DIR; default OUTPUT_DIR/swanlog)")
+    swanlab_log_dir: str = _f("", "where local/offline logs go (env SWANLAB_LOG_DIR; default OUTPUT_DIR/swanlog); "
+                                  "runs that train at the same time need one each")
     run_name: str = _f("", "run name (default: derived from the config file name)")
     logging_steps: int = _f(1, "log metrics every N steps")
     sample_table_every: int = _f(10, "log a table of sample trajectories every N steps (0 = never)")

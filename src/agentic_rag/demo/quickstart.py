@@ -14,7 +14,7 @@ is already complete, so a second run (or one after a crash) goes on where the la
 5. for each seed, GRPO from the SFT model (LoRA, exact-match + format reward, search mid-rollout), and
    the control: the same run with the rewards shuffled within each batch;
 6. evaluate every run on the held-out questions, print the before/after table, write ``summary.json``,
-   ``reward_curve.png`` and the SwanLab offline logs.
+   ``reward_curve.png`` and one SwanLab dashboard with every run (``swanlab watch OUT/swanlog``).
 
 Runs go two at a time (one thread each) on a two-core machine.
 """
@@ -22,9 +22,13 @@ Runs go two at a time (one thread each) on a two-core machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
+import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -221,8 +225,9 @@ def grpo(s: Settings, sft_dir: Path, seed: int, control: bool) -> Path:
         return out
     sets = {"model.name_or_path": sft_dir, "model.tokenizer": sft_dir, "data.train_file": s.out / "world/train.jsonl",
             "data.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
-            "seed": seed, "algorithm.shuffle_rewards": str(control).lower(), "logging.run_name": name,
-            "logging.swanlab_log_dir": s.out / "swanlog"}
+            "seed": seed, "algorithm.shuffle_rewards": str(control).lower(), "logging.run_name": name}
+    # each run logs to its own OUTPUT_DIR/swanlog: SwanLab's local store takes one writer at a time, and two
+    # runs train at once; dashboard() gathers them into one afterwards
     if s.grpo_steps:
         sets["algorithm.max_steps"] = s.grpo_steps
     cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config", str(TRAIN_CONFIG), "--log-level", "WARNING"]
@@ -240,6 +245,30 @@ def grpo(s: Settings, sft_dir: Path, seed: int, control: bool) -> Path:
     print(f"   {name}: {len(rewards)} steps in {time.perf_counter() - started:.0f} s, reward "
           f"{_mean(rewards[:5]):.3f} (first 5 steps) -> {_mean(rewards[-5:]):.3f} (last 5)", flush=True)
     return out
+
+
+def dashboard(s: Settings, runs: dict[str, Path]) -> Path:
+    """One SwanLab dashboard with every run side by side: each run's logged metrics (its trainer's log history,
+    the numbers TRL handed to SwanLab during training) written again, one experiment per run, into a fresh
+    local-mode log directory. Each run's own log, written live, stays in ``runs/<name>/swanlog``."""
+    import swanlab
+
+    log_dir = s.out / "swanlog"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True)
+    settings = json.loads((s.out / "settings.json").read_text())
+    chatter = io.StringIO()  # SwanLab announces every run it starts and finishes; the quick start says it once
+    with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+        for name, run_dir in runs.items():
+            history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+            swanlab.init(project="quickstart", name=name, mode="local", log_dir=str(log_dir), config=settings)
+            for entry in history:
+                scalars = {k: v for k, v in entry.items() if k not in ("step", "epoch")
+                           and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+                if "step" in entry and scalars:
+                    swanlab.log(scalars, step=int(entry["step"]))
+            swanlab.finish()
+    return log_dir
 
 
 def reward_curve(run_dir: Path) -> list[float]:
@@ -351,6 +380,7 @@ def run(s: Settings) -> dict[str, Any]:
     print(table(rows))
     curves = {f"{'control' if c else 'GRPO'} seed {seed}": reward_curve(dirs[seed, c]) for seed, c in jobs}
     plot(curves, s.out / "reward_curve.png")
+    log_dir = dashboard(s, {f"{'control' if c else 'GRPO'} seed {seed}": dirs[seed, c] for seed, c in jobs})
     em_before = before["metrics"]["em"]
     summary = {
         "seeds": s.seeds,
@@ -365,14 +395,14 @@ def run(s: Settings) -> dict[str, Any]:
                      "grpo_config": str(TRAIN_CONFIG.relative_to(ROOT)),
                      "grpo_steps": len(next(iter(curves.values())))},
         "reward_curve": str(s.out / "reward_curve.png"),
-        "swanlab_log_dir": str(s.out / "swanlog"),
+        "swanlab_log_dir": str(log_dir),
     }
     (s.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     gains = [a - em_before for a in summary["em_after"]]
     print(f"EM gain of GRPO over SFT per seed: {', '.join(f'{g:+.3f}' for g in gains)}; of the control: "
           f"{', '.join(f'{c - em_before:+.3f}' for c in summary['em_control'])}")
     print(f"reward curve: {s.out / 'reward_curve.png'}")
-    print(watch_hint(str(s.out / "swanlog")))
+    print(watch_hint(str(log_dir)))
     print(f"summary: {s.out / 'summary.json'}")
     return summary
 

@@ -1,8 +1,8 @@
-"""SwanLab monitoring: cloud when a key is set, offline otherwise, and a table of sample trajectories.
+"""SwanLab monitoring: cloud when a key is set, a local dashboard otherwise, and a table of sample trajectories.
 
 ``logging.swanlab_mode`` (env ``SWANLAB_MODE``): ``auto`` (the default) logs to the SwanLab cloud when
-``SWANLAB_API_KEY`` is set and offline otherwise; ``offline``, ``cloud``, ``local`` and ``disabled`` are
-taken as written (``cloud`` without a key is a config error). See :func:`resolve_mode`.
+``SWANLAB_API_KEY`` is set and in ``local`` mode otherwise; ``local``, ``offline``, ``cloud`` and ``disabled``
+are taken as written (``cloud`` without a key is a config error). See :func:`resolve_mode`.
 
 Transformers' SwanLab integration (``report_to="swanlab"``) crashes unless ``swanlab.init`` already ran on
 the main process, so :func:`init_swanlab` starts the run first; the integration then logs TRL's metrics to
@@ -12,8 +12,11 @@ lengths, and ours (``agentic/searches_per_trajectory``, ``agentic/env_tokens_mas
 trajectories (question, answer, finish reason, searches, queries, the total reward and each reward
 function's score) and one full trajectory text.
 
-Offline runs are written under the log directory; ``swanlab watch LOG_DIR -h 127.0.0.1`` serves the
-dashboard, ``swanlab sync RUN_DIR`` uploads one later.
+Where the logs go, and how to look at them. ``local`` runs are written under the log directory (a SQLite store
+plus one folder per run), and ``swanlab watch LOG_DIR -h 127.0.0.1`` serves them as a dashboard (SwanLab's
+``dashboard`` extra, installed with this package). ``offline`` runs keep only a backup for ``swanlab sync RUN_DIR``
+to upload later: the dashboard does not read them. SwanLab's local store takes one writer at a time, so runs
+that train at the same time need log directories of their own (the default, ``OUTPUT_DIR/swanlog``, is).
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ MODES = {"offline": "offline", "cloud": "online", "local": "local", "disabled": 
 
 
 def resolve_mode(mode: str, env: Mapping[str, str] | None = None) -> str:
-    """The SwanLab mode a run uses: ``auto`` is ``cloud`` when ``SWANLAB_API_KEY`` is set, else ``offline``;
-    any other mode is returned as it is."""
+    """The SwanLab mode a run uses: ``auto`` is ``cloud`` when ``SWANLAB_API_KEY`` is set, else ``local``
+    (what ``swanlab watch`` shows); any other mode is returned as it is."""
     env = os.environ if env is None else env
     if mode == "auto":
-        return "cloud" if env.get("SWANLAB_API_KEY") else "offline"
+        return "cloud" if env.get("SWANLAB_API_KEY") else "local"
     return mode
 
 
