@@ -331,6 +331,8 @@ def test_requests_with_other_sampling_settings_run_in_other_batches(qwen_tokeniz
     assert done == {n: q for n, q in enumerate(questions)}
     # oldest first; same settings share a run, at most max_batch: [0, 2], [1, 4], [3]
     assert policy.calls == [2, 2, 1] and sched.stats.batch_sizes == {2: 2, 1: 1}
+    with pytest.raises(RuntimeError, match="closed"):  # stopping the scheduler closed its engine
+        sched.engine.run([build_prompt(tok, questions[0])], questions[:1])
 
 
 # ----------------------------------------------------------------------------------------- bad requests

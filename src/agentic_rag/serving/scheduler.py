@@ -148,7 +148,8 @@ class Scheduler:
             self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel everything queued and running, and wait for the worker to finish its run."""
+        """Cancel everything queued and running, wait for the worker to finish its run, and close the engine
+        (it refuses further runs; a search call that timed out is left to end on its own daemon thread)."""
         with self._cond:
             self._stop = True
             for j in list(self._queue) + self._running:
@@ -157,6 +158,7 @@ class Scheduler:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.engine.close()
 
     def _take(self) -> list[Job]:
         """The oldest job and the other waiting jobs with its sampling settings, up to max_batch."""
