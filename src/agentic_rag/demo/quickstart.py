@@ -73,14 +73,12 @@ def _step(title: str) -> float:
 
 
 def _rollout_limits():
-    """The rollout limits of world_grpo.yaml, so SFT data, training and evaluation see the same budgets."""
+    """The rollout limits of world_grpo.yaml (as training builds them), so SFT data, training and evaluation
+    see the same budgets."""
     from ..config import load_config
-    from ..rollout import RolloutLimits
+    from ..training.train import rollout_limits
 
-    r = load_config(TRAIN_CONFIG, env={}, check_files=False).rollout
-    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
-                         max_completion_tokens=r.max_completion_tokens, passages_per_search=r.passages_per_search,
-                         max_observation_tokens=r.max_observation_tokens)
+    return rollout_limits(load_config(TRAIN_CONFIG, env={}, check_files=False))
 
 
 # ---------------------------------------------------------------------------------------------- steps

@@ -195,23 +195,9 @@ class DecodeSession:
         if not fed:
             return []
         self._prefill_apart(live)
-        width = max(len(r.pending) for r in fed)
         n = len(live)
-        # built as Python lists and converted once (a decode step feeds one token per row: per-row tensor
-        # writes would cost more than the lists)
-        ids_rows: list[list[int]] = []
-        pos_rows: list[list[int]] = []
-        mask_rows: list[list[bool]] = []
-        for row in live:
-            k, pad = len(row.pending), width - len(row.pending)
-            ids_rows.append([self.pad_id] * pad + row.pending)
-            pos_rows.append([0] * pad + list(range(row.position, row.position + k)))
-            mask_rows.append([False] * pad + [True] * k)
-            row.position += k
-            row.pending = []
-        input_ids = torch.tensor(ids_rows, dtype=torch.long)
-        positions = torch.tensor(pos_rows, dtype=torch.long)
-        new_mask = torch.tensor(mask_rows, dtype=torch.bool)
+        input_ids, positions, new_mask = self._feed(live, [len(r.pending) for r in live])
+        width = input_ids.shape[1]
         mask = new_mask if self._mask is None else torch.cat([self._mask, new_mask], dim=1)
         with torch.no_grad():
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device).long(),
@@ -244,6 +230,23 @@ class DecodeSession:
         self._maybe_compact()
         return stopped
 
+    def _feed(self, rows: list[Row], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Take the first ``counts[j]`` pending tokens of each row as one left-padded block: input ids, position
+        ids and the block's validity mask, ``[rows, widest count]``; the rows' positions move on. Built as Python
+        lists and converted once: a decode step feeds one token per row, and per-row tensor writes would cost
+        more than the lists."""
+        width = max(counts)
+        ids, pos, valid = [], [], []
+        for row, k in zip(rows, counts, strict=True):
+            pad = width - k
+            ids.append([self.pad_id] * pad + row.pending[:k])
+            pos.append([0] * pad + list(range(row.position, row.position + k)))
+            valid.append([False] * pad + [True] * k)
+            row.position += k
+            row.pending = row.pending[k:]
+        return (torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
+                torch.tensor(valid, dtype=torch.bool))
+
     def _prefill_apart(self, live: list[Row]) -> None:
         """Feed the long inputs (an observation appended to a resumed row, a new row's prompt) of a few rows
         in a forward pass of their own, all but each one's last token, so the step that follows feeds one token
@@ -258,25 +261,14 @@ class DecodeSession:
         from transformers.cache_utils import DynamicCache
 
         idx = torch.tensor(wide, device=self.device)
-        width = max(len(live[b].pending) - 1 for b in wide)
-        ids_rows, pos_rows, mask_rows = [], [], []
-        for b in wide:
-            row = live[b]
-            head, k = row.pending[:-1], len(row.pending) - 1
-            ids_rows.append([self.pad_id] * (width - k) + head)
-            pos_rows.append([0] * (width - k) + list(range(row.position, row.position + k)))
-            mask_rows.append([False] * (width - k) + [True] * k)
-            row.position += k
-            row.pending = row.pending[-1:]
-        new_mask = torch.tensor(mask_rows, dtype=torch.bool)
+        input_ids, positions, new_mask = self._feed([live[b] for b in wide], [len(live[b].pending) - 1 for b in wide])
+        width = input_ids.shape[1]
         layers = self._cache.layers
         sub = DynamicCache(ddp_cache_data=[(layer.keys[idx], layer.values[idx]) for layer in layers])
         sub_mask = torch.cat([self._mask[wide], new_mask], dim=1)
         with torch.no_grad():
-            self.model(input_ids=torch.tensor(ids_rows, dtype=torch.long, device=self.device),
-                       attention_mask=sub_mask.to(self.device).long(),
-                       position_ids=torch.tensor(pos_rows, dtype=torch.long, device=self.device),
-                       past_key_values=sub, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=input_ids.to(self.device), attention_mask=sub_mask.to(self.device).long(),
+                       position_ids=positions.to(self.device), past_key_values=sub, use_cache=True, logits_to_keep=1)
         start = self._mask.shape[1]
         for layer, part in zip(layers, sub.layers, strict=True):
             for name in ("keys", "values"):

@@ -8,15 +8,16 @@ one process.) The steps:
 
 1. load the experiment config and check all of it, before anything heavy happens (``--check`` stops here,
    after reading the training questions too);
-2. warn when the memory estimate says the model will not fit the GPUs;
-3. open the searcher (an index directory or a search server URL) behind an LRU cache;
-4. read the training questions (a multiple-choice question shows its options, as in evaluation);
-5. load the tokenizer, then build the rollout limits and the reward functions;
-6. load the base model (NF4 for QLoRA) and describe a fresh LoRA adapter, or load ``model.adapter`` to go
+2. read the training questions (a multiple-choice question shows its options, as in evaluation) and load the
+   tokenizer;
+3. warn when the memory estimate says the model will not fit the GPUs;
+4. open the searcher (an index directory or a search server URL), build the rollout limits and the reward
+   functions;
+5. load the base model (NF4 for QLoRA) and describe a fresh LoRA adapter, or load ``model.adapter`` to go
    on training an existing one (R1-Searcher's stage 2 from the stage-1 adapter);
-7. start SwanLab on the main process (cloud when SWANLAB_API_KEY is set, offline otherwise, unless configured);
-8. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
-9. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final.
+6. start SwanLab on the main process (cloud when SWANLAB_API_KEY is set, local otherwise, unless configured);
+7. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
+8. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final.
 """
 
 from __future__ import annotations
