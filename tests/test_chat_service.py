@@ -725,6 +725,43 @@ def test_answer_splitter_is_the_same_whole_or_in_pieces():
         assert (got["reasoning"], got["content"]) == (reasoning, content)
 
 
+def test_one_reply_writer_makes_the_streamed_and_the_whole_reply(qwen_tokenizer, searcher):
+    """Engine output -> reply text and chunks in one place: the streamed deltas join to exactly the fields of the
+    non-streamed reply, with the same trace and usage, also when the model leaves its answer tag open."""
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.rollout import AgentRollout, RolloutHooks
+    from agentic_rag.rollout.protocol import get_dialect
+    from agentic_rag.rollout.scripted import ScriptedPolicy
+    from agentic_rag.serving.replies import ReplyWriter
+
+    tok, dialect = qwen_tokenizer, get_dialect("agentic")
+    scripts = {Q_SHANGHAI: SCRIPTS[Q_SHANGHAI], "No tag?": ["<think>hm</think> Paris, I guess"],
+               "Open tag?": ["<think>so</think><answer> Lyon"]}
+    questions = list(scripts)
+    fed: list[list[tuple[str, object]]] = [[] for _ in questions]
+    hooks = RolloutHooks(on_token=lambda i, token: fed[i].append(("token", token)),
+                         on_event=lambda i, event: fed[i].append(("event", dict(event))))
+    with AgentRollout(ScriptedPolicy(tok, scripts), tok, searcher, dialect) as engine:
+        trajs = engine.run([build_prompt(tok, q) for q in questions], questions, hooks)
+    contents = []
+    for items, t in zip(fed, trajs, strict=True):
+        streamed = ReplyWriter("m", tok, dialect, include_usage=True)
+        chunks = streamed.opening() + [c for kind, payload in [*items, ("done", t)]
+                                       for c in streamed.feed(kind, payload)]
+        assert streamed.finished
+        whole = ReplyWriter("m", tok, dialect).completion(t)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        message = whole["choices"][0]["message"]
+        assert "".join(d.get("content", "") for d in deltas) == message["content"]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+        final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert len(final) == 1 and final[0]["agent_trace"] == whole["agent_trace"]
+        assert final[0]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+        contents.append(message["content"])
+    assert contents == ["Maureen O'Sullivan", "<think>hm</think> Paris, I guess", "Lyon"]
+
+
 def test_every_server_setting_is_documented_in_env_format():
     documented = {line.split("=", 1)[0] for line in (ROOT / ".env_format").read_text().splitlines()
                   if line and not line.startswith("#")}

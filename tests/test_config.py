@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import yaml
 
@@ -58,7 +60,10 @@ EVERY_RULE = [
     ({"rollout": {"max_tokens_per_turn": 2048}}, "rollout.max_tokens_per_turn (2048) exceeds rollout.max_completion_"),
     ({"rollout": {"temperature": 0}}, "rollout.temperature must be > 0, got 0.0"),
     ({"rollout": {"max_observation_tokens": 8}}, "rollout.max_observation_tokens must be >= 16, got 8"),
-    ({"algorithm": {"name": "ppo"}}, "algorithm.name must be one of grpo, dr_grpo, dapo, reinforce_pp; got 'ppo'"),
+    ({"algorithm": {"name": "ppo"}},
+     "algorithm.name must be one of grpo, dr_grpo, dapo, reinforce_pp, reinforce_pp_baseline; got 'ppo'"),
+    ({"rollout": {"top_k": -1}}, "rollout.top_k must be >= 0 (0 = off), got -1"),
+    ({"rollout": {"repetition_penalty": 0}}, "rollout.repetition_penalty must be > 0 (1 = off), got 0.0"),
     ({"algorithm": {"num_generations": 1}}, "algorithm.num_generations must be >= 2"),
     ({"algorithm": {"num_generations": 3, "per_device_train_batch_size": 4}},
      "must be a multiple of algorithm.num_generations (3)"),
@@ -94,7 +99,8 @@ EVERY_RULE = [
     ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high (the clip range above 1) must be > 0, or unset"),
     ({"algorithm": {"max_grad_norm": -1}}, "algorithm.max_grad_norm must be >= 0 (0 = no clipping), got -1.0"),
     ({"data": {"train_file": ""}}, "data.train_file is empty: point it at a question file"),
-    ({"judge": {"fallback": "judge"}}, "judge.fallback must be one of exact_match, f1, cover_em; got 'judge'"),
+    ({"judge": {"fallback": "judge"}},
+     "judge.fallback must be one of exact_match, f1, cover_em, cover_em_tokens; got 'judge'"),
     ({"logging": {"swanlab_mode": "online"}},
      "logging.swanlab_mode must be one of auto, offline, cloud, local, disabled; got 'online'"),
     ({"model": "Qwen/Qwen2.5-7B"}, "model must be a mapping of settings (key: value lines), got str"),
@@ -259,3 +265,152 @@ def test_shipped_training_configs_are_valid(tmp_path):
         data.setdefault("model", {})["name_or_path"] = data["model"].get("name_or_path") or "placeholder"
         cfg = config_from_dict(data, source=str(path), env={}, check_files=False)
         assert cfg.algorithm.max_steps >= 1, path
+
+
+# ------------------------------------------------------------------ sampling that the loss does not describe
+
+OFF_POLICY = [({"top_p": 0.9}, "rollout.top_p=0.9", "rollout.top_p: 1.0"),
+              ({"top_k": 50}, "rollout.top_k=50", "rollout.top_k: 0"),
+              ({"repetition_penalty": 1.1}, "rollout.repetition_penalty=1.1", "rollout.repetition_penalty: 1.0")]
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("setting, named, fix", OFF_POLICY)
+def test_off_policy_sampling_warns_once_with_the_consequence_and_the_fix(good, caplog, setting, named, fix):
+    with caplog.at_level(logging.WARNING):
+        cfg = config_from_dict({**good, "rollout": setting}, env={})
+    found = _warnings(caplog)
+    assert len(found) == 1, found
+    assert named in found[0] and "importance ratio" in found[0] and "biased" in found[0] and fix in found[0]
+    key, value = next(iter(setting.items()))
+    assert getattr(cfg.rollout, key) == value
+
+
+def test_default_sampling_warns_nothing_and_only_the_main_process_warns(good, caplog):
+    with caplog.at_level(logging.WARNING):
+        config_from_dict(good, env={})
+        assert _warnings(caplog) == []
+        # under accelerate every process reads the config: one warning per run, from rank 0
+        config_from_dict({**good, "rollout": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "1"})
+        assert _warnings(caplog) == []
+        config_from_dict({**good, "rollout": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "0"})
+        assert len(_warnings(caplog)) == 2
+
+
+def test_sampling_settings_reach_the_trainer(good):
+    from agentic_rag.training.train import grpo_args
+
+    cfg = config_from_dict({**good, "rollout": {"top_k": 40, "repetition_penalty": 1.2, "top_p": 0.8}}, env={})
+    args = grpo_args(cfg, use_cpu=True)
+    assert (args.top_k, args.repetition_penalty, args.top_p) == (40, 1.2, 0.8)
+    assert args.ds3_gather_for_generation is True
+
+
+# ----------------------------------------------------------------------- launches the rollout cannot run under
+
+def test_fsdp_launch_is_refused_before_any_model_loads(good, tmp_path, capsys, monkeypatch):
+    from agentic_rag.training import train
+
+    found = problems_of(good, env={"ACCELERATE_USE_FSDP": "true"})
+    assert len(found) == 1 and "FSDP" in found[0] and "train_zero2.sh" in found[0], found
+    assert "ranks" in found[0]  # the reason: sharded weights need every rank in every decode step
+    # through the entry point: exit 2, nothing loaded
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(good))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setattr(train, "run", lambda *a, **k: pytest.fail("the model must not load"))
+    assert train.main(["--config", str(path)]) == 2
+    assert "FSDP" in capsys.readouterr().err
+
+
+def test_zero3_without_gathering_for_generation_is_refused(tmp_path):
+    from agentic_rag.config import launch_from_env, launch_problems
+
+    (problem,) = launch_problems(zero_stage=3, fsdp=False, ds3_gather_for_generation=False)
+    assert "ds3_gather_for_generation" in problem and "hang" in problem and "ZeRO-3" in problem
+    assert launch_problems(zero_stage=3, fsdp=False, ds3_gather_for_generation=True) == []
+    assert launch_problems(zero_stage=2, fsdp=False, ds3_gather_for_generation=False) == []
+    assert launch_problems(zero_stage=None, fsdp=False) == []
+    # the launch as accelerate describes it to the processes it starts: the exported stage, else the JSON's
+    from conftest import ROOT
+
+    zero3 = str(ROOT / "experiments" / "training" / "deepspeed" / "zero3.json")
+    assert launch_from_env({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": zero3}) == \
+        {"zero_stage": 3, "fsdp": False}
+    assert launch_from_env({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}) == \
+        {"zero_stage": 2, "fsdp": False}
+    assert launch_from_env({"ACCELERATE_USE_FSDP": "true"}) == {"zero_stage": None, "fsdp": True}
+    assert launch_from_env({}) == {"zero_stage": None, "fsdp": False}
+
+
+def test_the_trainer_refuses_zero3_without_gathering_before_deepspeed_starts():
+    from types import SimpleNamespace
+
+    from agentic_rag.training.trainer import refuse_unsupported_launch
+
+    plugin = SimpleNamespace(zero_stage=3)
+    with pytest.raises(ValueError, match="ds3_gather_for_generation"):
+        refuse_unsupported_launch(SimpleNamespace(deepspeed_plugin=plugin, fsdp=None, ds3_gather_for_generation=False),
+                                  env={})
+    with pytest.raises(ValueError, match="FSDP"):
+        refuse_unsupported_launch(SimpleNamespace(deepspeed_plugin=None, fsdp="full_shard",
+                                                  ds3_gather_for_generation=True), env={})
+    refuse_unsupported_launch(SimpleNamespace(deepspeed_plugin=plugin, fsdp=None, ds3_gather_for_generation=True),
+                              env={})
+
+
+# ------------------------------------------------------------------ attention that a tree mask cannot serve
+
+
+def test_flash_attention_with_memory_actions_is_refused_before_any_model_loads(good):
+    """Backtrack and summary branch a trajectory's context; a micro-batch holding one is scored with a 4D tree mask,
+    which flash attention reads as a 2D padding mask. The check names the values, the reason and the fix."""
+    data = {**good, "model": {**good["model"], "attn_implementation": "flash_attention_2"}}
+    found = [p for p in problems_of(data) if p.startswith("model.attn_implementation")]
+    assert len(found) == 1, found
+    message = found[0]
+    for part in ("flash_attention_2", "rollout.dialect agentic", "backtrack", "4D", "padding mask", "sdpa",
+                 "search-r1"):
+        assert part in message, (part, message)
+    # a dialect without memory actions never branches: flash attention is fine there
+    config_from_dict({**data, "rollout": {"dialect": "search-r1"}}, env={})
+
+
+def _sliding_model_dir(path, **overrides):
+    """A tiny Qwen2 config.json as transformers writes it (no weights: the check reads the config only)."""
+    from transformers import Qwen2Config
+
+    from conftest import tiny_qwen_config
+
+    Qwen2Config(**{**tiny_qwen_config(vocab_size=512).to_dict(), "layer_types": None, **overrides}).save_pretrained(
+        path)
+    return str(path)
+
+
+def test_a_sliding_window_model_with_memory_actions_is_refused(good, tmp_path):
+    model = _sliding_model_dir(tmp_path / "swa", use_sliding_window=True, sliding_window=64, max_window_layers=0)
+    found = [p for p in problems_of({**good, "model": {"name_or_path": model}}) if p.startswith("model.name_or_path")]
+    assert len(found) == 1, found
+    for part in ("sliding attention window of 64 tokens", "rollout.dialect agentic", "use_sliding_window",
+                 "r1-searcher"):
+        assert part in found[0], (part, found[0])
+    config_from_dict({**good, "model": {"name_or_path": model}, "rollout": {"dialect": "r1-searcher"}}, env={})
+    full = _sliding_model_dir(tmp_path / "full", use_sliding_window=False)
+    config_from_dict({**good, "model": {"name_or_path": full}}, env={})
+
+
+def test_a_cached_hub_model_config_is_read_without_the_network(tmp_path):
+    from agentic_rag.config import local_model_config
+
+    snapshot = tmp_path / "models--org--swa" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"sliding_window": 8}')
+    (tmp_path / "models--org--swa" / "refs").mkdir()
+    (tmp_path / "models--org--swa" / "refs" / "main").write_text("abc123")
+    assert local_model_config("org/swa", cache_dir=str(tmp_path)) == {"sliding_window": 8}
+    assert local_model_config("org/not-downloaded", cache_dir=str(tmp_path)) is None
+    assert local_model_config(str(snapshot)) == {"sliding_window": 8}  # a local directory
+    assert local_model_config(str(tmp_path / "missing")) is None

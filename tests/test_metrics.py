@@ -12,6 +12,7 @@ from agentic_rag.evaluation.metrics import PredictionFileError, score_prediction
 from agentic_rag.rewards.accuracy import (
     choice_accuracy,
     cover_exact_match,
+    cover_exact_match_tokens,
     exact_match,
     extract_choice,
     f1_score,
@@ -67,6 +68,64 @@ def test_cover_exact_match_is_substring_of_normalised_text():
     assert cover_exact_match("something", "the") == 0.0  # a gold that normalises to nothing covers nothing
     with pytest.raises(ValueError, match="no gold answer"):
         exact_match("x", [])
+
+
+def test_f1_is_zero_when_one_side_is_yes_no_or_noanswer_and_they_differ():
+    """HotpotQA's official F1: a yes/no/noanswer answer on either side scores only by matching exactly."""
+    assert f1_score("yes it is", "yes") == 0.0  # plain token F1 would give 0.5
+    assert f1_score("yes", "yes it is") == 0.0  # 0.5 likewise
+    assert f1_score("no way", ["no"]) == 0.0  # 0.667
+    assert f1_score("noanswer here", "noanswer") == 0.0
+    assert f1_score("No.", "no") == 1.0 and f1_score("the yes", "Yes!") == 1.0  # equal after normalisation
+    assert f1_score("no", ["nothing", "no"]) == 1.0  # the best gold still counts
+    assert f1_score("Nidal Malik Hasan", "Nidal Hasan") == pytest.approx(0.8)  # other answers: unchanged
+
+
+@pytest.mark.parametrize("prediction, golds, cover, tokens", [
+    ("nothing", "no", 1.0, 0.0),  # "no" is a substring of "nothing", not a token of it
+    ("no", "no", 1.0, 1.0),
+    ("No.", "no", 1.0, 1.0),
+    ("yes it is", "yes", 1.0, 0.0),  # yes/no/noanswer: exactly, as HotpotQA's F1 has it
+    ("yes", "yes it is", 0.0, 0.0),
+    ("yes, no", "no", 1.0, 0.0),  # hedging between yes and no
+    ("It was Nidal Malik Hasan.", "Nidal Malik Hasan", 1.0, 1.0),  # 2 extra tokens
+    ("Nidal Malik Hasan", "Nidal Hasan", 0.0, 0.0),  # not contiguous
+    ("Paris or Lyon", "Paris", 1.0, 0.0),  # a list of candidates
+    ("Paris, Lyon, Marseille", "Paris", 1.0, 0.0),
+    ("Lyon and Paris", "Paris", 1.0, 0.0),
+    ("Paris, France", "Paris", 1.0, 0.0),  # a comma the gold does not have
+    ("Washington, D.C.", "Washington, D.C.", 1.0, 1.0),  # ... but one the gold has is not a list
+    ("Tom and Jerry", ["Tom and Jerry"], 1.0, 1.0),
+    ("12,400 people", "12,400", 1.0, 1.0),  # a thousands separator is not a list separator
+    ("the capital city is Paris", "Paris", 1.0, 1.0),  # 3 extra tokens: the most allowed
+    ("I think the capital city is Paris", "Paris", 1.0, 0.0),  # 5 extra
+    ("sparisian", "Paris", 1.0, 0.0),
+    ("北京市", "北京", 1.0, 1.0),  # CJK: one token per character, 1 extra
+    ("", "x", 0.0, 0.0), (None, "x", 0.0, 0.0),
+    ("something", "the", 0.0, 0.0),  # a gold that normalises to nothing covers nothing
+])
+def test_cover_em_tokens_golden_values(prediction, golds, cover, tokens):
+    assert cover_exact_match(prediction, golds) == cover
+    assert cover_exact_match_tokens(prediction, golds) == tokens
+
+
+def test_cover_em_tokens_extra_token_bound_is_a_parameter():
+    assert cover_exact_match_tokens("I think the capital city is Paris", "Paris", max_extra_tokens=5) == 1.0
+    assert cover_exact_match_tokens("Paris France", "Paris", max_extra_tokens=0) == 0.0
+    with pytest.raises(ValueError, match="max_extra_tokens must be >= 0"):
+        cover_exact_match_tokens("Paris", "Paris", max_extra_tokens=-1)
+
+
+def test_cover_em_tokens_on_real_r1_searcher_predictions():
+    """On the released model's 500 HotpotQA answers it sits between EM (0.582) and cover-EM (0.634)."""
+    rows = [json.loads(line) for line in shared("r1-searcher/eval_results/hotpotqa_llama.jsonl").open()]
+    golds = [r["answer"] if isinstance(r["answer"], list) else [r["answer"]] for r in rows]
+    em = sum(exact_match(r["pred_ans"], g) for r, g in zip(rows, golds, strict=True)) / len(rows)
+    cover = sum(cover_exact_match(r["pred_ans"], g) for r, g in zip(rows, golds, strict=True)) / len(rows)
+    tokens = sum(cover_exact_match_tokens(r["pred_ans"], g) for r, g in zip(rows, golds, strict=True)) / len(rows)
+    assert (round(em, 3), round(cover, 3)) == (0.582, 0.634)
+    assert em <= tokens <= cover
+    assert round(tokens, 3) == 0.612  # "Topeka, Kansas" for "Topeka", "Lithuanian" for "Lithuania" no longer pass
 
 
 OPTIONS = {"A": "Disclose the error to the patient", "B": "Tell the attending that he cannot fail to disclose",

@@ -102,11 +102,12 @@ def test_shuffled_rewards_keep_the_batch_distribution_and_lose_the_pairing(monke
 
 
 def test_quickstart_end_to_end_small(tmp_path):
-    """The real pipeline, shortened (1 seed, 2 GRPO steps, 1 SFT epoch): every artefact the README promises."""
+    """The real pipeline on the tiny model (``--tiny``), shortened (1 seed, 2 GRPO steps, 1 SFT epoch): every artefact
+    the README promises. The real model's pipeline is the same code; tests/test_real_model.py runs its model steps."""
     out = tmp_path / "qs"
-    proc = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--seeds", "1",
-                           "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--tiny",
+                           "--seeds", "1", "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     for key in ("em_before", "em_after", "em_control"):
@@ -122,9 +123,9 @@ def test_quickstart_end_to_end_small(tmp_path):
     for run in ("seed0-grpo", "seed0-control"):
         assert (out / "runs" / run / "final" / "adapter_config.json").is_file()
     # a second run finds everything done and does not train again
-    again = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--seeds", "1",
-                            "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True, cwd=ROOT,
-                           timeout=300)
+    again = subprocess.run([sys.executable, "-m", "agentic_rag.demo.quickstart", "--out", str(out), "--tiny",
+                            "--seeds", "1", "--steps", "2", "--sft-epochs", "1"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
     assert again.returncode == 0 and json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
     assert "steps in" not in again.stdout
 

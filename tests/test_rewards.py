@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import re
 import threading
 
 import pytest
 
 from agentic_rag.config import ExperimentConfig, JudgeConfig, RewardSpec
+from agentic_rag.data.prompts import build_prompt
 from agentic_rag.rewards.curriculum import Curriculum
 from agentic_rag.rewards.format import RULES, check_format
 from agentic_rag.rewards.rag import RetrievalQuality, RetrievedContext, contexts_from_events
@@ -104,12 +106,55 @@ def test_rewards_on_real_r1_searcher_rollouts(r1_rows):
     assert sum(make_reward(RewardSpec("retrieval"), cfg)(None, None, None, trajectory=views)) == len(views)
 
 
+def curriculum_view(text, events, answer, finish="answer"):
+    return {"question": "Capital of France?", "answer": answer, "model_text": text, "events": events,
+            "finish_reason": finish}
+
+
+NO_HITS = {"type": "search", "queries": ["q"], "results": [{"query": "q", "hits": [], "cut": []}]}
+FAILED_CALL = {"type": "error", "kind": "search_failed", "message": "index unreachable", "queries": ["q"]}
+# hand-written trajectories: (view, stage-1 reward, stage-2 reward) under R1-Searcher's curriculum
+CURRICULUM_CASES = [
+    # well formed, one search call: stage 1 format 0.5 + retrieval 0.5; stage 2 F1 1 + format 0
+    (curriculum_view("<think>a</think><search>q</search><think>b</think><answer>Paris</answer>", [SEARCH, OBS],
+                     "Paris"), 1.0, 1.0),
+    # well formed without searching: format 0.5 only; stage 2 does not ask for retrieval
+    (curriculum_view("<think>I know it</think><answer>Paris</answer>", [], "Paris"), 0.5, 1.0),
+    # malformed (text after the answer) but a search call, though it found nothing: retrieval 0.5;
+    # stage 2: F1("Paris France", "Paris") = 2/3, plus the format penalty -2
+    (curriculum_view("<search>q</search><answer>Paris France</answer> chatter", [NO_HITS, OBS], "Paris France"),
+     0.5, 2 / 3 - 2),
+    # malformed, no answer, no search: nothing in stage 1; F1 0 - 2 in stage 2
+    (curriculum_view("<think>rambling", [], None, finish="eos"), 0.0, -2.0),
+    # a search call that failed outright retrieved nothing: no retrieval call; the trajectory is well formed
+    (curriculum_view("<search>q</search><answer>Paris</answer>", [FAILED_CALL, OBS], "Paris"), 0.5, 1.0),
+]
+
+
+@pytest.mark.parametrize("view, stage1, stage2", CURRICULUM_CASES)
+def test_curriculum_pays_r1_searchers_rewards_on_hand_written_trajectories(view, stage1, stage2):
+    """R1-Searcher (Song et al. 2025, sec. 2.2): stage 1 = R_format (0.5 / 0) + R_retrieval (0.5 when the model
+    searched at least once); stage 2 = R_answer (F1) + R'_format (0 / -2), so malformed trajectories are still
+    ranked by their answer."""
+    cfg = ExperimentConfig()
+    cfg.curriculum.enabled, cfg.curriculum.stage2_step = True, 10
+    reward = build_rewards(cfg)[0][0]
+    state = type("S", (), {"global_step": 0})
+    kw = {"trajectory": [view], "answers": [["Paris"]], "trainer_state": state}
+    assert reward(None, None, None, **kw) == [pytest.approx(stage1)]
+    state.global_step = 10
+    assert reward(None, None, None, **kw) == [pytest.approx(stage2)]
+
+
 def test_curriculum_golden_values():
-    c = Curriculum(stage2_step=10, retrieval_bonus=0.5, format_penalty=-2.0)
-    assert c.reward(0, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 1.5
-    assert c.reward(9, format_ok=False, format_score=0.0, retrieved=True, answer_f1=0.3) == 0.5
-    assert c.reward(10, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 0.3
-    assert c.reward(11, format_ok=False, format_score=0.0, retrieved=False, answer_f1=1.0) == -2.0
+    c = Curriculum(stage2_step=10)
+    assert (c.format_reward, c.retrieval_bonus, c.format_penalty) == (0.5, 0.5, -2.0)  # the paper's values
+    assert c.reward(0, format_ok=True, searches=2, answer_f1=0.3) == 1.0
+    assert c.reward(9, format_ok=False, searches=1, answer_f1=0.3) == 0.5
+    assert c.reward(9, format_ok=True, searches=0, answer_f1=1.0) == 0.5
+    assert c.reward(10, format_ok=True, searches=1, answer_f1=0.3) == 0.3
+    assert c.reward(11, format_ok=False, searches=0, answer_f1=1.0) == -1.0  # F1 + (-2), not a flat -2
+    assert c.reward(11, format_ok=False, searches=3, answer_f1=0.25) == -1.75
     cfg = ExperimentConfig()
     cfg.curriculum.enabled = True
     funcs, weights = build_rewards(cfg)
@@ -118,22 +163,21 @@ def test_curriculum_golden_values():
 
 def test_curriculum_fixed_stage_pays_that_stage_at_every_step():
     two = Curriculum(stage2_step=10, fixed_stage=2)
-    assert two.stage(0) == 2 and two.reward(0, format_ok=True, format_score=1.0, retrieved=True, answer_f1=0.3) == 0.3
+    assert two.stage(0) == 2 and two.reward(0, format_ok=True, searches=1, answer_f1=0.3) == 0.3
     assert Curriculum(stage2_step=10, fixed_stage=1).stage(500) == 1
     with pytest.raises(ValueError, match="fixed_stage must be 1, 2 or None"):
         Curriculum(fixed_stage=3)
     # through the training reward: a well-formed, retrieving trajectory at step 0
     cfg = ExperimentConfig()
     cfg.curriculum.enabled, cfg.curriculum.stage2_step = True, 100
-    view = {"question": "Capital?", "answer": "Paris", "events": [SEARCH, OBS], "finish_reason": "answer",
-            "model_text": "<think>a</think><search>q</search><think>b</think><answer>Paris</answer>"}
+    view = CURRICULUM_CASES[0][0]
     logged = {}
     kw = {"trajectory": [view], "answers": [["Paris"]], "trainer_state": type("S", (), {"global_step": 0}),
           "log_metric": lambda k, v: logged.update({k: v})}
-    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.5]  # stage 1: format 1 + retrieval bonus 0.5
+    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.0]  # stage 1: format 0.5 + retrieval 0.5
     assert logged["curriculum/stage"] == 1.0
     cfg.curriculum.stage = 2
-    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.0]  # stage 2: the answer's F1
+    assert build_rewards(cfg)[0][0](None, None, None, **kw) == [1.0]  # stage 2: the answer's F1 + 0
     assert logged["curriculum/stage"] == 2.0
 
 
@@ -150,6 +194,129 @@ def test_ragas_non_llm_metrics_golden():
               {"type": "search", "results": [{"hits": [{"title": "A", "text": "alpha"}]}]}]
     ctx = contexts_from_events(events, "q", "ans", ["A"])
     assert ctx.titles == ["A", "B"] and ctx.texts == ["alpha", "beta"]
+
+
+class _ChunkedSearcher:
+    """A chunked corpus: two chunks of one article (same title, their own docids), and one long passage."""
+
+    LONG = "Start " + "lorem ipsum " * 100 + "end."  # 1,210 characters (about 200 tokens): past the old cut
+
+    def batch_search(self, queries, k=10):
+        from agentic_rag.search import Hit
+
+        return [[Hit("henriette#0", "Henriette of France", "Henriette was born at Versailles.", 3.0),
+                 Hit("henriette#1", "Henriette of France", "She died of smallpox in 1752.", 2.0),
+                 Hit("long#0", "Long", self.LONG, 1.0)] for _ in queries]
+
+    def search(self, query, k=10):
+        return self.batch_search([query], k)[0]
+
+
+def _shown(tok, t):
+    """What the observations showed the model, as one text."""
+    from agentic_rag.rollout.trajectory import ENV
+
+    return "".join(tok.decode(t.completion_ids[s.start:s.end]) for s in t.segments if s.source == ENV)
+
+
+@pytest.mark.parametrize("budget", [1000, 60])
+def test_ragas_judges_the_passages_as_the_observation_showed_them(qwen_tokenizer, budget):
+    """Every chunk the model was shown is judged (not a title's first chunk only), with exactly the text the
+    observation held: all of a long passage when it was shown whole, the kept part when it was cut."""
+    from agentic_rag.rollout import AgentRollout, RolloutLimits
+    from agentic_rag.rollout.scripted import ScriptedPolicy
+
+    tok = qwen_tokenizer
+    limits = RolloutLimits(max_observation_tokens=budget, max_completion_tokens=2048)
+    policy = ScriptedPolicy(tok, {"Henriette?": ["<search>Henriette</search>", "<answer>1752</answer>"]})
+    (t,) = AgentRollout(policy, tok, _ChunkedSearcher(), "agentic", limits).run(
+        [build_prompt(tok, "Henriette?")], ["Henriette?"])
+    ctx = contexts_from_events(t.events, "Henriette?", t.answer, ["Henriette of France"])
+    shown = _shown(tok, t)
+    assert ctx.texts and all(text in shown for text in ctx.texts)
+    if budget == 1000:  # everything fits: both chunks and the whole long passage
+        assert ctx.texts == ["Henriette was born at Versailles.", "She died of smallpox in 1752.",
+                             _ChunkedSearcher.LONG]
+        assert ctx.titles == ["Henriette of France", "Long"]  # the ID metrics compare titles, once each
+    else:  # cut partway through the long passage: its judged text ends where the observation did
+        assert ctx.texts[:2] == ["Henriette was born at Versailles.", "She died of smallpox in 1752."]
+        assert len(ctx.texts) == 3 and _ChunkedSearcher.LONG.startswith(ctx.texts[2])
+        assert 0 < len(ctx.texts[2]) < len(_ChunkedSearcher.LONG)
+
+
+def test_ragas_contexts_are_deduplicated_by_docid_then_text():
+    hit = {"docid": "a#0", "title": "A", "text": "alpha"}
+    events = [{"type": "search", "results": [{"hits": [hit, {"docid": "a#1", "title": "A", "text": "alpha two"}]}]},
+              {"type": "search", "results": [{"hits": [hit, {"title": "B", "text": "beta"},
+                                                        {"title": "C", "text": "beta"}]}]}]
+    ctx = contexts_from_events(events, "q", "ans", ["A"])
+    assert ctx.texts == ["alpha", "alpha two", "beta"]  # a#0 once; "beta" (no docid) once by its text
+    assert ctx.titles == ["A", "B", "C"]
+
+
+def test_ragas_says_once_at_start_which_scorer_runs(fake_llm, caplog, monkeypatch):
+    cfg = ExperimentConfig()
+    cfg.judge = JudgeConfig(base_url=fake_llm, model="judge-7b", timeout_s=5, api_key_env="TEST_RAGAS_KEY")
+    monkeypatch.delenv("TEST_RAGAS_KEY", raising=False)
+    with caplog.at_level(logging.INFO, logger="agentic_rag"):
+        make_reward(RewardSpec("ragas", params={"metric": "context_relevance"}), cfg)
+    lines = [r.getMessage() for r in caplog.records if "RAGAS reward" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"context_relevance judged by judge-7b at {fake_llm}" in lines[0]
+    assert "TEST_RAGAS_KEY is unset" in lines[0] and "placeholder key 'EMPTY'" in lines[0]
+    assert "failed call is scored by id_recall" in lines[0]
+    caplog.clear()
+    monkeypatch.setenv("TEST_RAGAS_KEY", "sk-test")
+    with caplog.at_level(logging.INFO, logger="agentic_rag"):
+        make_reward(RewardSpec("ragas", params={"metric": "faithfulness", "fallback": "id_precision"}), cfg)
+        make_reward(RewardSpec("ragas"), cfg)
+    lines = [r.getMessage() for r in caplog.records if "RAGAS reward" in r.getMessage()]
+    assert "faithfulness judged by judge-7b" in lines[0] and "API key from TEST_RAGAS_KEY" in lines[0]
+    assert "sk-test" not in lines[0]
+    assert "id_recall" in lines[1] and "no LLM" in lines[1]
+
+
+# ------------------------------------------------------------------------------------------ cover-EM
+
+
+def test_cover_em_tokens_is_a_training_reward():
+    cfg = ExperimentConfig()
+    reward = make_reward(RewardSpec("cover_em_tokens"), cfg)
+    views = [{"answer": a} for a in ("nothing", "no", "yes it is", "Paris or Lyon", "It was Paris.", None)]
+    golds = [["no"], ["no"], ["yes"], ["Paris"], ["Paris"], ["Paris"]]
+    assert reward.__name__ == "cover_em_tokens"
+    assert reward(None, None, None, trajectory=views, answers=golds) == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    cover = make_reward(RewardSpec("cover_em"), cfg)(None, None, None, trajectory=views, answers=golds)
+    assert cover == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    strict = make_reward(RewardSpec("cover_em_tokens", params={"max_extra_tokens": 1}), cfg)
+    assert strict(None, None, None, trajectory=views, answers=golds)[4] == 0.0  # "it was paris": 2 extra
+
+
+def _config(rewards, **extra):
+    from agentic_rag.config import config_from_dict
+
+    data = {"model": {"name_or_path": "m"}, "data": {"train_file": "t.jsonl"}, "search": {"index": "i"},
+            "rewards": rewards, **extra}
+    return config_from_dict(data, env={}, check_files=False)
+
+
+def test_cover_em_as_a_training_reward_warns_once_at_the_config_check(caplog):
+    with caplog.at_level(logging.WARNING, logger="agentic_rag"):
+        _config([{"name": "cover_em"}, {"name": "format"}])
+    found = [r.getMessage() for r in caplog.records if "cover_em" in r.getMessage()]
+    assert len(found) == 1, found
+    assert "rewards[0] is cover_em" in found[0] and '"nothing" covers "no"' in found[0]
+    assert "cover_em_tokens" in found[0]  # the fix
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agentic_rag"):
+        _config([{"name": "cover_em_tokens", "params": {"max_extra_tokens": 2}}, {"name": "format"}])
+    assert not [r for r in caplog.records if "cover_em" in r.getMessage()]
+    from agentic_rag.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rewards.0..params.max_extra_tokens must be int"):
+        _config([{"name": "cover_em_tokens", "params": {"max_extra_tokens": "two"}}])
+    with pytest.raises(ConfigError, match=r"rewards\[0\]\.params\.max_extra_tokens must be >= 0, got -1"):
+        _config([{"name": "cover_em_tokens", "params": {"max_extra_tokens": -1}}])
 
 
 class _FakeLLM(http.server.BaseHTTPRequestHandler):

@@ -10,8 +10,8 @@ import pytest
 
 from agentic_rag.cli import main
 from agentic_rag.data.questions import read_questions
+from agentic_rag.evaluation.retrieval import recall_at_k
 from agentic_rag.search import open_searcher
-from agentic_rag.search.evaluate import recall_at_k
 
 
 def test_search_queries_file_to_output_file(wiki_index, tmp_path):

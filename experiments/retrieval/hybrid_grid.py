@@ -8,8 +8,8 @@ import itertools
 import json
 
 from agentic_rag.data.questions import read_questions
+from agentic_rag.evaluation.retrieval import recall_at_k
 from agentic_rag.search import CachedSearcher, open_searcher
-from agentic_rag.search.evaluate import recall_at_k
 from agentic_rag.search.hybrid import HybridSearcher
 
 

@@ -15,6 +15,7 @@ from .logs import configure_logging
 # Each module has ``register(subparsers)`` adding its subcommands, each with ``func(args) -> int``.
 COMMAND_MODULES = [
     "agentic_rag.search.commands",
+    "agentic_rag.evaluation.retrieval_commands",
     "agentic_rag.data.commands",
     "agentic_rag.training.memory_commands",
     "agentic_rag.training.commands",

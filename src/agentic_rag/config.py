@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import logging
 import math
 import os
 import re
@@ -25,9 +27,12 @@ from typing import Any
 
 import yaml
 
+from .models import PACKAGED_MODELS, model_problem
 from .rewards.rag import ID_METRICS as RAGAS_ID_METRICS
 from .rewards.rag import LLM as RAGAS_LLM_METRICS
 from .rewards.rag import METRICS as RAGAS_METRICS
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -49,7 +54,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - mirrors datac
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = _f("", "base model: a local directory or a hub name (env MODEL_PATH)")
+    name_or_path: str = _f("", "base model: a local directory, a hub name, a .gguf file or a packaged model "
+                                 "(smollm2-135m-instruct) (env MODEL_PATH)")
     tokenizer: str = _f("", "tokenizer directory or hub name (default: the model's)")
     dtype: str = _f("auto", "weights dtype: auto (bf16 on GPUs that have it, else fp32), bfloat16, float16, float32")
     quantization: str = _f("none", "none, or nf4 for QLoRA (bitsandbytes 4-bit NF4, double quant, bf16 compute)")
@@ -59,7 +65,9 @@ class ModelConfig:
     lora_target_modules: list[str] = _f(["all-linear"], "modules LoRA adapts; 'all-linear' = every linear layer "
                                                        "of the decoder (not the LM head)")
     gradient_checkpointing: bool = _f(True, "recompute activations in the backward pass (less memory, ~30% slower)")
-    attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager or flash_attention_2")
+    attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager or flash_attention_2 (not with a dialect "
+                                          "whose backtrack/summary branch contexts: their 4D tree mask needs sdpa "
+                                          "or eager)")
     chat_template: bool | None = _f(None, "use the tokenizer's chat template (None: when it has one); False for "
                                           "base models, as R1-Searcher trains the Qwen base model")
     adapter: str = _f("", "start from this existing LoRA adapter (a peft directory, e.g. a stage-1 run's "
@@ -89,22 +97,31 @@ class RolloutConfig:
     dialect: str = _f("agentic", "tag protocol: agentic, search-r1 or r1-searcher")
     max_turns: int = _f(8, "model turns per trajectory")
     max_searches: int = _f(4, "search actions per trajectory")
+    on_search_limit: str = _f("observe", "a search past max_searches: observe = refused with a notice that no "
+                                         "searches are left, and the model may still answer (the notice is "
+                                         "environment text, never trained on); end = the trajectory ends there "
+                                         "(finish_reason max_searches, usually reward 0)")
     max_tokens_per_turn: int = _f(256, "new model tokens per turn")
     max_completion_tokens: int = _f(1024, "all tokens after the prompt, observations included")
     passages_per_search: int = _f(3, "passages shown per query")
     max_observation_tokens: int = _f(384, "tokens per observation (truncated cleanly)")
     summary_mode: str = _f("replace", "replace: a summary restarts the context; keep: nothing is dropped")
     temperature: float = _f(1.0, "sampling temperature of rollouts (the loss uses the same)")
-    top_p: float = _f(1.0, "nucleus sampling of rollouts")
+    top_p: float = _f(1.0, "nucleus sampling of rollouts; below 1 the samples are off-policy for the loss "
+                           "(a warning says so)")
+    top_k: int = _f(0, "sample among the k likeliest tokens (0 = off); on, the samples are off-policy for the loss")
+    repetition_penalty: float = _f(1.0, "penalise tokens already in the context while sampling (1 = off); other "
+                                        "values make the samples off-policy for the loss")
     max_batch_size: int | None = _f(None, "sequences decoded together (default: all of a generation batch)")
 
 
 @dataclass
 class RewardSpec:
-    name: str = _f("", "reward function: exact_match, f1, cover_em, choice, judge, format, retrieval, ragas")
+    name: str = _f("", "reward function: exact_match, f1, cover_em, cover_em_tokens, choice, judge, format, "
+                       "retrieval, ragas")
     weight: float = _f(1.0, "weight in the summed reward")
-    params: dict[str, Any] = _f({}, "reward-specific settings: format {partial: bool}; ragas {metric, fallback} "
-                                    "(see agentic_rag.training.rewards)")
+    params: dict[str, Any] = _f({}, "reward-specific settings: format {partial: bool}; ragas {metric, fallback}; "
+                                    "cover_em_tokens {max_extra_tokens: int} (see agentic_rag.training.rewards)")
 
 
 @dataclass
@@ -113,8 +130,10 @@ class CurriculumConfig:
     stage2_step: int = _f(100, "global step from which stage 2 rewards apply (when stage is unset)")
     stage: int | None = _f(None, "fix the stage: 1 or 2 for the whole run (stage 2 as a second config, usually "
                                  "with model.adapter set to the stage-1 adapter); unset: switch at stage2_step")
-    retrieval_bonus: float = _f(0.5, "stage 1: reward for a trajectory that retrieved")
-    format_penalty: float = _f(-2.0, "stage 2: reward for a malformed trajectory")
+    format_reward: float = _f(0.5, "stage 1: reward for a well-formed trajectory (R1-Searcher's R_format)")
+    retrieval_bonus: float = _f(0.5, "stage 1: reward for a trajectory that made at least one search call "
+                                     "(R1-Searcher's R_retrieval)")
+    format_penalty: float = _f(-2.0, "stage 2: added to the answer's F1 for a malformed trajectory")
 
 
 @dataclass
@@ -124,15 +143,18 @@ class JudgeConfig:
     api_key_env: str = _f("JUDGE_API_KEY", "name of the environment variable holding the judge's API key")
     timeout_s: float = _f(30.0, "seconds per judge call")
     max_concurrency: int = _f(8, "judge calls in flight")
-    fallback: str = _f("cover_em", "metric used when the judge fails: exact_match, f1 or cover_em")
+    fallback: str = _f("cover_em", "metric used when the judge fails: exact_match, f1, cover_em or "
+                                   "cover_em_tokens")
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str = _f("grpo", "grpo, dr_grpo, dapo or reinforce_pp (R1-Searcher's REINFORCE++-style batch "
-                           "normalised advantage)")
+    name: str = _f("grpo", "grpo, dr_grpo, dapo, reinforce_pp (REINFORCE++: KL-shaped per-token returns, "
+                           "normalised over the batch's tokens) or reinforce_pp_baseline (the same after subtracting "
+                           "each question's mean reward, as R1-Searcher trains); see agentic_rag.training.trainer")
     num_generations: int = _f(4, "rollouts per question (the group)")
-    beta: float = _f(0.0, "KL coefficient against the base model (adapter disabled); 0 = no KL term")
+    beta: float = _f(0.0, "KL coefficient against the base model (adapter disabled); 0 = no KL. A k3 term in the "
+                          "loss, except for reinforce_pp*: a k1 penalty in each token's reward")
     epsilon: float = _f(0.2, "clip range below 1")
     epsilon_high: float | None = _f(None, "clip range above 1 (default: epsilon; DAPO: 0.28)")
     num_iterations: int = _f(1, "optimisation passes per generation batch")
@@ -143,8 +165,10 @@ class AlgorithmConfig:
     max_steps: int = _f(100, "optimizer steps")
     warmup_ratio: float = _f(0.0, "linear warm-up, as a fraction of max_steps (0 <= x < 1)")
     max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0 = no clipping)")
-    mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by a limit from the loss "
-                                                       "(default: True for dapo)")
+    mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by the completion budget "
+                                                       "(rollout.max_completion_tokens) from the loss (default: True "
+                                                       "for dapo); every other ending, turn_token_limit included, "
+                                                       "stays in the loss with its reward")
     shuffle_rewards: bool = _f(False, "control experiment: permute the rewards within each batch, which keeps "
                                       "their distribution and destroys their signal")
 
@@ -197,6 +221,12 @@ class ExperimentConfig:
         m = self.model
         if not m.name_or_path:
             p.append("model.name_or_path is empty: set it in the config or MODEL_PATH in .env")
+        elif check_files and (problem := model_problem(m.name_or_path)):
+            p.append(f"model.name_or_path: {problem}")
+        elif m.quantization == "nf4" and (m.name_or_path.lower().endswith(".gguf")
+                                          or m.name_or_path.lower() in PACKAGED_MODELS):
+            p.append(f"model.quantization is nf4 but model.name_or_path {m.name_or_path!r} is a GGUF model, loaded "
+                     "dequantized to float: set model.quantization to none")
         _choice(p, "model.dtype", m.dtype, ("auto", "bfloat16", "float16", "float32"))
         _choice(p, "model.quantization", m.quantization, ("none", "nf4"))
         _choice(p, "model.attn_implementation", m.attn_implementation, ("sdpa", "eager", "flash_attention_2"))
@@ -233,13 +263,15 @@ class ExperimentConfig:
         if self.search.timeout_s <= 0:
             p.append(f"search.timeout_s must be > 0, got {self.search.timeout_s}")
         self._validate_rollout(p)
+        self._validate_tree_masks(p, check_files)
         self._validate_algorithm(p)
+        p.extend(launch_problems(**launch_from_env(env)))  # the accelerate launch this process runs under
         self._validate_rewards(p)
         self._validate_curriculum(p)
         j = self.judge
         if j.base_url and not j.model:
             p.append("judge.model is empty while judge.base_url is set (JUDGE_MODEL in .env)")
-        _choice(p, "judge.fallback", j.fallback, ("exact_match", "f1", "cover_em"))
+        _choice(p, "judge.fallback", j.fallback, ("exact_match", "f1", "cover_em", "cover_em_tokens"))
         if j.timeout_s <= 0:
             p.append(f"judge.timeout_s must be > 0, got {j.timeout_s}")
         _positive(p, "judge.max_concurrency", j.max_concurrency)
@@ -261,6 +293,7 @@ class ExperimentConfig:
         r = self.rollout
         _choice(p, "rollout.dialect", r.dialect, ("agentic", "search-r1", "r1-searcher"))
         _choice(p, "rollout.summary_mode", r.summary_mode, ("replace", "keep"))
+        _choice(p, "rollout.on_search_limit", r.on_search_limit, ("observe", "end"))
         for name in ("max_turns", "max_tokens_per_turn", "max_completion_tokens", "passages_per_search"):
             _positive(p, f"rollout.{name}", getattr(r, name))
         if r.max_searches < 0:
@@ -274,12 +307,33 @@ class ExperimentConfig:
             p.append(f"rollout.temperature must be > 0, got {r.temperature}")
         if not 0 < r.top_p <= 1:
             p.append(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+        if r.top_k < 0:
+            p.append(f"rollout.top_k must be >= 0 (0 = off), got {r.top_k}")
+        if r.repetition_penalty <= 0:
+            p.append(f"rollout.repetition_penalty must be > 0 (1 = off), got {r.repetition_penalty}")
         if r.max_batch_size is not None:
             _positive(p, "rollout.max_batch_size", r.max_batch_size)
 
+    def _validate_tree_masks(self, p: list[str], check_files: bool) -> None:
+        """Attention that cannot apply the tree mask branched trajectories are scored with (see
+        :func:`tree_mask_problems`). The model's config.json is read from its directory, or from the local Hugging
+        Face cache for a hub name; a model found in neither is checked by the trainer once it is loaded."""
+        m, r = self.model, self.rollout
+        actions = branching_actions(r.dialect, r.summary_mode)
+        if not actions:
+            return
+        model_config = None
+        if check_files and m.name_or_path and model_problem(m.name_or_path) is None:
+            model_config = local_model_config(m.name_or_path)
+        # an attention value that is no choice at all is reported once, as such
+        attention = None if any(x.startswith("model.attn_implementation") for x in p) else m.attn_implementation
+        p.extend(tree_mask_problems(memory=f"rollout.dialect {r.dialect}'s {' and '.join(actions)}",
+                                    attn_implementation=attention, model_config=model_config,
+                                    model_name=m.name_or_path))
+
     def _validate_algorithm(self, p: list[str]) -> None:
         a = self.algorithm
-        _choice(p, "algorithm.name", a.name, ("grpo", "dr_grpo", "dapo", "reinforce_pp"))
+        _choice(p, "algorithm.name", a.name, ALGORITHM_NAMES)
         if a.num_generations < 2:
             p.append(f"algorithm.num_generations must be >= 2 (a group needs two rollouts to compare), "
                      f"got {a.num_generations}")
@@ -330,6 +384,9 @@ class ExperimentConfig:
                 p.append(f"{where} is the LLM judge but judge.base_url is empty (JUDGE_BASE_URL in .env)")
             if spec.name == "ragas":
                 self._validate_ragas(p, where, spec.params)
+            extra = spec.params.get("max_extra_tokens") if spec.name == "cover_em_tokens" else None
+            if isinstance(extra, int) and extra < 0:
+                p.append(f"{where}.params.max_extra_tokens must be >= 0, got {extra}")
 
     def _validate_ragas(self, p: list[str], where: str, params: dict[str, Any]) -> None:
         metric = params.get("metric", "id_recall")
@@ -346,6 +403,17 @@ class ExperimentConfig:
         if isinstance(fallback, str):
             _choice(p, f"{where}.params.fallback", fallback, RAGAS_ID_METRICS)
 
+    def reward_warnings(self) -> list[str]:
+        """Rewards that run but teach something other than their name says: cover-EM (a substring test, as
+        FlashRAG and R1-Searcher evaluate) as a training reward pays answers a policy learns to game."""
+        if self.curriculum.enabled:
+            return []
+        return [f"rewards[{i}] is cover_em, a substring test meant for evaluation: as a training reward it pays "
+                f'"nothing" covers "no" and answers that list several candidates ("Paris or Lyon"), which the '
+                f"policy learns to write. Use cover_em_tokens (the gold as whole tokens, a short answer, no "
+                f"list), f1 or exact_match to train on"
+                for i, spec in enumerate(self.rewards) if spec.name == "cover_em"]
+
     def _validate_curriculum(self, p: list[str]) -> None:
         c = self.curriculum
         if c.stage2_step < 0:
@@ -356,14 +424,173 @@ class ExperimentConfig:
             p.append("curriculum.stage is set but curriculum.enabled is false: enable the curriculum or drop the stage")
         if c.retrieval_bonus < 0:
             p.append(f"curriculum.retrieval_bonus must be >= 0, got {c.retrieval_bonus}")
+        if c.format_reward < 0:
+            p.append(f"curriculum.format_reward must be >= 0, got {c.format_reward}")
         if c.format_penalty > 0:
             p.append(f"curriculum.format_penalty is paid for a malformed trajectory and must be <= 0, "
                      f"got {c.format_penalty}")
 
+    def off_policy_warnings(self) -> list[str]:
+        """Rollout settings that sample from another distribution than the one the loss scores.
 
-REWARD_NAMES = ("exact_match", "f1", "cover_em", "choice", "judge", "format", "retrieval", "ragas")
+        The trainer scores every token with the full-softmax ``log_softmax(logits / temperature)`` (as TRL does),
+        for the old, the current and the reference policy alike; the rollout records the same quantity. Top-p,
+        top-k and a repetition penalty change which tokens are drawn but not that number, so the importance
+        ratio and the KL describe a distribution the samples did not come from: biased, and nothing corrects
+        it. Temperature is not among them: the loss divides by the same temperature."""
+        r = self.rollout
+        why = ("the loss scores tokens with full-softmax log-probabilities, so the samples are off-policy: the "
+               "importance ratio (and the KL) is biased and nothing corrects it")
+        found = []
+        if r.top_p < 1:
+            found.append(f"rollout.top_p={r.top_p:g}: rollouts sample from the top-p nucleus but {why}. "
+                         f"Set rollout.top_p: 1.0 for on-policy training")
+        if r.top_k > 0:
+            found.append(f"rollout.top_k={r.top_k}: rollouts sample among the top-k tokens but {why}. "
+                         f"Set rollout.top_k: 0 for on-policy training")
+        if r.repetition_penalty != 1:
+            found.append(f"rollout.repetition_penalty={r.repetition_penalty:g}: rollouts sample from the "
+                         f"penalised distribution but {why}. Set rollout.repetition_penalty: 1.0 for on-policy "
+                         f"training")
+        return found
+
+
+ALGORITHM_NAMES = ("grpo", "dr_grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")
+
+
+def launch_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The distributed launch this process runs under, as ``accelerate launch`` describes it to the processes it
+    starts: ``{"zero_stage": 2 | 3 | None, "fsdp": bool}``. The ZeRO stage is the one exported with the launch
+    (``ACCELERATE_DEEPSPEED_ZERO_STAGE``; the launch scripts export it), else the ``zero_optimization.stage`` of
+    the DeepSpeed config file accelerate names (``ACCELERATE_DEEPSPEED_CONFIG_FILE``); None without DeepSpeed."""
+    fsdp = env.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes")
+    stage = None
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+        value: Any = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+        if not value and env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE"):
+            try:
+                ds = json.loads(Path(env["ACCELERATE_DEEPSPEED_CONFIG_FILE"]).read_text())
+                value = ds.get("zero_optimization", {}).get("stage", "")
+            except (OSError, ValueError, AttributeError):
+                value = ""  # DeepSpeed itself reports an unreadable config file, at launch
+        stage = int(value) if str(value).isdigit() else None
+    return {"zero_stage": stage, "fsdp": fsdp}
+
+
+def launch_problems(*, zero_stage: int | None, fsdp: bool, ds3_gather_for_generation: bool = True) -> list[str]:
+    """Launches the rollout cannot run under, with the reason. The rollout engine decodes each process's own
+    trajectories, as many forward passes as they need, so processes run different numbers of decode steps.
+    With sharded weights every forward pass is a collective that needs every process: FSDP, and ZeRO-3 when the
+    weights are not gathered for generation (``ds3_gather_for_generation: false``), would wait forever on the
+    process that finished first. (ZeRO-3 as launched by script/training/train_zero3.sh gathers them.)"""
+    found = []
+    if fsdp:
+        found.append("this launch uses FSDP (accelerate's distributed_type: FSDP), which the rollout does not "
+                     "support: with sharded weights each decode step needs every process, and ranks run different "
+                     "numbers of decode steps, so they would hang; launch with DeepSpeed instead "
+                     "(script/training/train_zero2.sh or train_zero3.sh)")
+    if zero_stage == 3 and not ds3_gather_for_generation:
+        found.append("DeepSpeed ZeRO-3 with ds3_gather_for_generation false would hang: without the whole model "
+                     "gathered for generation each decode step needs every process, and ranks run different "
+                     "numbers of decode steps; keep ds3_gather_for_generation true (the default), or use ZeRO-2")
+    return found
+
+
+# Dialects with memory actions, by the names rollout.protocol gives them (a test keeps the two in step; the config
+# check does not import the rollout, which would load torch before any problem is reported).
+MEMORY_ACTIONS: dict[str, tuple[str, ...]] = {"agentic": ("backtrack", "summary")}
+# the attention kernels that apply a custom 4D attention mask as given
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+NO_MEMORY_DIALECTS = "a dialect without memory actions (rollout.dialect search-r1 or r1-searcher)"
+
+
+def branching_actions(dialect: str, summary_mode: str) -> tuple[str, ...]:
+    """The memory actions of ``dialect`` that branch a trajectory's context: a backtrack always (its note hangs off
+    the segment before the abandoned step), a summary under ``summary_mode`` replace (the context restarts from it);
+    a summary that keeps the context does not branch."""
+    return tuple(a for a in MEMORY_ACTIONS.get(dialect, ()) if a == "backtrack" or summary_mode == "replace")
+
+
+def model_sliding_window(model_config: Mapping[str, Any]) -> int | None:
+    """The sliding attention window (in tokens) that layers of a model use, from its config.json (or a transformers
+    config's ``to_dict()``); None when every layer attends to the whole context. Reads ``sliding_window``, switched
+    off by ``use_sliding_window: false`` (Qwen2, Qwen3), and which layers slide from ``layer_types`` or, without it,
+    Qwen2's ``max_window_layers`` (layers from that index on slide). A multimodal config's ``text_config`` counts."""
+    text = model_config.get("text_config")
+    if isinstance(text, Mapping) and (window := model_sliding_window(text)) is not None:
+        return window
+    window = model_config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        return None
+    if model_config.get("use_sliding_window") is False:
+        return None
+    layers = model_config.get("layer_types")
+    if isinstance(layers, list):
+        return window if "sliding_attention" in layers else None
+    first, count = model_config.get("max_window_layers"), model_config.get("num_hidden_layers")
+    if "use_sliding_window" in model_config and isinstance(first, int) and isinstance(count, int) and first >= count:
+        return None
+    return window
+
+
+def local_model_config(name_or_path: str, *, cache_dir: str | None = None) -> dict[str, Any] | None:
+    """A model's config.json, read without loading the model or using the network: from a model directory, or for a
+    hub name from the local Hugging Face cache (``cache_dir``: its default) when it was downloaded before. None
+    otherwise (a GGUF file, a packaged model, a hub model not downloaded yet, an unreadable file)."""
+    path = Path(name_or_path).expanduser()
+    file: Path | None = path / "config.json" if path.is_dir() else None
+    if file is None and not path.exists() and not name_or_path.lower().endswith(".gguf"):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(name_or_path, "config.json", cache_dir=cache_dir)
+        except ValueError:  # not a valid repository id
+            found = None
+        file = Path(found) if isinstance(found, str) else None
+    if file is None or not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def tree_mask_problems(*, memory: str, attn_implementation: str | None, model_config: Mapping[str, Any] | None,
+                       model_name: str = "") -> list[str]:
+    """Why branched trajectories could not be scored correctly with this model, with the fix; empty when they can.
+
+    ``memory`` names what branches a context (e.g. "rollout.dialect agentic's backtrack"). A micro-batch holding a
+    branched trajectory is scored with a 4D tree-shaped additive mask and the tree's position ids
+    (:class:`agentic_rag.training.trainer.TreeLayout`). Only sdpa and eager apply such a mask as given: the
+    flash-attention path of transformers (5.23) reads an attention mask as a 2D padding mask (an index error, or
+    wrong attention). And the mask replaces the model's own sliding-window mask, so a model whose layers slide over
+    a window shorter than the contexts it takes (``max_position_embeddings``; the prompt's length is not bounded
+    by the config) would be trained on attention it never uses."""
+    found = []
+    if attn_implementation is not None and attn_implementation not in TREE_MASK_ATTENTION:
+        found.append(f"model.attn_implementation is {attn_implementation!r}, but {memory} can branch a trajectory's "
+                     f"context, and a micro-batch holding a branched trajectory is scored with a 4D tree-shaped "
+                     f"attention mask that {attn_implementation} cannot apply (transformers' flash-attention path "
+                     f"reads it as a 2D padding mask: an index error or wrong attention, partway through a run). Set "
+                     f"model.attn_implementation to sdpa or eager, or use {NO_MEMORY_DIALECTS}")
+    window = model_sliding_window(model_config) if model_config is not None else None
+    longest = model_config.get("max_position_embeddings") if model_config is not None else None
+    if window is not None and not (isinstance(longest, int) and window >= longest):
+        found.append(f"model.name_or_path {model_name!r} uses a sliding attention window of {window} tokens "
+                     f"(its contexts may reach {longest or 'any length'}), but {memory} can branch a trajectory's "
+                     f"context, and a branched trajectory is scored with a 4D tree-shaped attention mask that replaces "
+                     f"the model's sliding-window mask: past {window} tokens its log-probabilities would come from "
+                     f"attention the model never uses. Use a model without a sliding window (Qwen2 and Qwen3 "
+                     f"checkpoints ship with use_sliding_window: false in config.json), or {NO_MEMORY_DIALECTS}")
+    return found
+
+
+REWARD_NAMES = ("exact_match", "f1", "cover_em", "cover_em_tokens", "choice", "judge", "format", "retrieval",
+                "ragas")
 # the params each reward takes, with their types (a reward not listed takes none)
-REWARD_PARAMS: dict[str, dict[str, type]] = {"format": {"partial": bool}, "ragas": {"metric": str, "fallback": str}}
+REWARD_PARAMS: dict[str, dict[str, type]] = {"format": {"partial": bool}, "ragas": {"metric": str, "fallback": str},
+                                              "cover_em_tokens": {"max_extra_tokens": int}}
 
 
 def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -529,6 +756,11 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config", env: Mappi
         problems.append(problem + (f" (from {sources[0]})" if sources else ""))
     if problems:
         raise ConfigError(problems, source)
+    if env.get("RANK", "0") == "0":  # every process of a launch reads the config; one warning per run
+        for warning in cfg.off_policy_warnings():
+            log.warning(warning)
+        for warning in cfg.reward_warnings():
+            log.warning(warning)
     return cfg
 
 

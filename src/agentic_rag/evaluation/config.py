@@ -15,12 +15,18 @@ scripts load ``.env``). :func:`load_eval_config` collects every problem - unknow
 known one), wrong types, values out of range, missing files, rules that involve several fields - and
 raises one :class:`EvalConfigError` listing them all, each with the field's dotted path and the fix.
 Relative paths are relative to the working directory (the scripts run from the project root).
+
+A trained adapter is evaluated as it was trained: when ``policy.adapter`` (or a ``policy.model`` directory) holds
+``agentic_rag.json`` (written by the trainer), every rollout setting it records - dialect, language, system
+prompt, chat template, summary mode, the limits, and the passages per search (``search.k``) - that neither the
+file nor ``--set`` gives is taken from it, and one log line says which.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import re
 import types
@@ -32,11 +38,23 @@ from typing import Any
 import yaml
 
 from ..data.questions import FORMATS
+from ..models import model_problem
+from ..rollout.trained_settings import describe_taken, find_trained_settings
+
+log = logging.getLogger(__name__)
 
 METRICS = ("em", "f1", "cover_em", "judge", "choice", "format")
 DEFAULT_METRICS = ("em", "f1", "cover_em", "format")
 POLICY_TYPES = ("local", "endpoint")
 DIALECTS = ("agentic", "search-r1", "r1-searcher")
+# TrainedSettings name -> the setting it fills here
+TRAINED_FIELDS = {"dialect": "rollout.dialect", "language": "rollout.language",
+                  "system_prompt": "rollout.system_prompt", "chat_template": "rollout.chat_template",
+                  "summary_mode": "rollout.summary_mode", "max_turns": "rollout.max_turns",
+                  "max_searches": "rollout.max_searches", "max_tokens_per_turn": "rollout.max_tokens_per_turn",
+                  "max_completion_tokens": "rollout.max_completion_tokens",
+                  "max_observation_tokens": "rollout.max_observation_tokens", "passages_per_search": "search.k",
+                  "on_search_limit": "rollout.on_search_limit"}
 
 
 class EvalConfigError(ValueError):
@@ -104,6 +122,8 @@ class RolloutSection:
     summary_mode: str = _f("replace", "replace: a summary restarts the context; keep: nothing is dropped")
     max_turns: int = _f(8, "model turns per question")
     max_searches: int = _f(4, "search actions per question")
+    on_search_limit: str = _f("observe", "a search past max_searches: observe = refused with a notice, the model "
+                                         "may still answer; end = the question ends unanswered (max_searches)")
     max_tokens_per_turn: int = _f(512, "new model tokens per turn")
     max_completion_tokens: int = _f(2048, "all tokens after the prompt, observations included")
     max_observation_tokens: int = _f(512, "tokens per observation (truncated cleanly)")
@@ -150,7 +170,9 @@ class EvalConfig:
         if not pol.model:
             p.append("policy.model is empty: a model directory (local) or the served model's name (endpoint)")
         if pol.type == "local":
-            if pol.model and _looks_like_path(pol.model) and not Path(pol.model).expanduser().is_dir():
+            if pol.model and (problem := model_problem(pol.model)):
+                p.append(f"policy.model: {problem}")
+            elif pol.model and _looks_like_path(pol.model) and not _is_model_path(pol.model):
                 p.append(f"policy.model: no such directory {pol.model}")
             if pol.adapter and not (Path(pol.adapter) / "adapter_config.json").is_file():
                 p.append(f"policy.adapter: no LoRA adapter at {pol.adapter} (adapter_config.json missing); use the "
@@ -170,7 +192,9 @@ class EvalConfig:
                          "(e.g. vLLM --lora-modules) and name it in policy.model")
             if pol.concurrency < 1:
                 p.append(f"policy.concurrency must be >= 1, got {pol.concurrency}")
-        if pol.tokenizer and _looks_like_path(pol.tokenizer) and not Path(pol.tokenizer).is_dir():
+        if pol.tokenizer and (problem := model_problem(pol.tokenizer)):
+            p.append(f"policy.tokenizer: {problem}")
+        elif pol.tokenizer and _looks_like_path(pol.tokenizer) and not _is_model_path(pol.tokenizer):
             p.append(f"policy.tokenizer: no such directory {pol.tokenizer}")
         if pol.temperature < 0:
             p.append(f"policy.temperature must be >= 0 (0 = greedy), got {pol.temperature}")
@@ -191,6 +215,7 @@ class EvalConfig:
         _choice(p, "rollout.dialect", r.dialect, DIALECTS)
         _choice(p, "rollout.language", r.language, ("en", "zh"))
         _choice(p, "rollout.summary_mode", r.summary_mode, ("replace", "keep"))
+        _choice(p, "rollout.on_search_limit", r.on_search_limit, ("observe", "end"))
         for name in ("max_turns", "max_tokens_per_turn", "max_completion_tokens", "batch_size"):
             _positive(p, f"rollout.{name}", getattr(r, name))
         if r.max_searches < 0:
@@ -216,6 +241,12 @@ class EvalConfig:
 
 def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or Path(value).exists()
+
+
+def _is_model_path(value: str) -> bool:
+    """A model directory, or a GGUF file (agentic_rag.models.resolve_model)."""
+    path = Path(value).expanduser()
+    return path.is_dir() or (path.is_file() and value.lower().endswith(".gguf"))
 
 
 def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -354,6 +385,11 @@ def config_from_dict(data: dict[str, Any] | None, *, source: str = "config", ove
         _set_dotted(data, key.strip(), value)
     data = _expand(data, "", problems, dict(os.environ) if env is None else env)
     cfg = _build(EvalConfig, data, "", problems)
+    try:
+        trained = apply_trained_settings(cfg, data)
+    except ValueError as exc:  # a malformed settings file
+        problems.append(f"policy.adapter: {exc}")
+        trained = None
     # the value rules run too (every problem at once), except on fields whose value was already rejected
     rejected = [p.split(" ", 1)[0].rstrip(":") for p in problems]
     problems += [p for p in cfg.validate() if not any(p.startswith(r) for r in rejected)]
@@ -361,7 +397,31 @@ def config_from_dict(data: dict[str, Any] | None, *, source: str = "config", ove
         raise EvalConfigError(problems, source)
     cfg.name = cfg.name or default_name
     cfg.output_dir = cfg.output_dir or str(Path("runs") / "eval" / cfg.name)
+    if trained:
+        log.info(trained)
     return cfg
+
+
+def apply_trained_settings(cfg: EvalConfig, data: dict[str, Any]) -> str | None:
+    """Fill ``cfg`` with the settings saved with its adapter (or model directory) that ``data`` (the YAML tree,
+    overrides applied) does not set; returns the line saying which (None without a settings file)."""
+    pol = cfg.policy
+    model_dir = pol.model if pol.model and Path(pol.model).is_dir() else None
+    found = find_trained_settings(pol.adapter or None, model_dir)
+    if found is None:
+        return None
+    settings, path = found
+    taken: dict[str, Any] = {}
+    kept: list[str] = []
+    for name, value in settings.known().items():
+        dotted = TRAINED_FIELDS[name]
+        section, key = dotted.split(".")
+        if isinstance(data.get(section), dict) and key in data[section]:
+            kept.append(dotted)
+        else:
+            setattr(getattr(cfg, section), key, value)
+            taken[dotted] = value
+    return describe_taken(taken, path, kept)
 
 
 def load_eval_config(path: str | os.PathLike, *, overrides: list[str] | None = None,

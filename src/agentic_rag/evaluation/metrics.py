@@ -6,7 +6,9 @@ This module decides what is compared with what and how a run is summarised:
 * ``em``, ``f1``, ``cover_em`` compare the answer inside the answer tags with every gold answer (the best
   counts). On a multiple-choice row (MedQA) the gold answers are the letter and the option text; these
   three compare with the option text only (a bare letter would "cover" any prediction containing it), and
-  ``choice`` compares the option letter read from the prediction with the gold letter.
+  ``choice`` compares the option letter read from the prediction with the gold letter. ``f1`` is HotpotQA's (0
+  when either side is yes/no/noanswer and they differ); ``cover_em`` is the substring test FlashRAG and
+  R1-Searcher report, kept here to compare with their numbers (training has ``cover_em_tokens`` instead).
 * ``judge`` (ACC_L) is the LLM judge's verdict; the mean is over the examples that got one (``yes`` or
   ``no``), and how many got none (the judge failed or replied garbage) is reported next to it.
 * ``format`` is 1 when the trajectory is well formed for evaluation purposes: it ended by answering

@@ -168,7 +168,8 @@ def rollout_limits(cfg: EvalConfig):
     r = cfg.rollout
     return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
                          max_completion_tokens=r.max_completion_tokens, passages_per_search=cfg.search.k,
-                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s)
+                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s,
+                         on_search_limit=r.on_search_limit)
 
 
 # ------------------------------------------------------------------------------------------------ running

@@ -20,9 +20,28 @@ answer was given) scores 0. No gold at all is a caller error and raises ``ValueE
 * :func:`exact_match` (EM): normalised prediction == normalised gold.
 * :func:`f1_score`: token-level F1 between the normalised prediction and gold, tokens split on whitespace
   (SQuAD); additionally every CJK character is its own token, so Chinese answers get a meaningful F1 (this
-  changes nothing for text without CJK characters).
-* :func:`cover_exact_match` (cover-EM, R1-Searcher's ACC_R): the normalised gold is a substring of the
-  normalised prediction. A gold that normalises to the empty string only covers an empty prediction.
+  changes nothing for text without CJK characters). As in HotpotQA's official evaluation script
+  (``hotpot_evaluate_v1.py``), when the normalised prediction or the normalised gold is ``yes``, ``no`` or
+  ``noanswer`` and the two differ, the F1 is 0: "yes it is" against "yes" scores 0, not 0.5.
+* :func:`cover_exact_match` (cover-EM, R1-Searcher's ACC_R, FlashRAG's ``acc``): the normalised gold is a
+  substring of the normalised prediction. A gold that normalises to the empty string only covers an empty
+  prediction. Meant for evaluation, to compare with published numbers; as a training reward it pays
+  "nothing" for the gold "no" and answers that list several candidates ("Paris or Lyon"), which a policy
+  learns to exploit (the config check warns).
+* :func:`cover_exact_match_tokens` (``cover_em_tokens``): cover-EM on tokens, for training. The prediction
+  covers a gold when all of these hold (tokens as for F1):
+
+  1. the gold's tokens occur in the prediction's tokens as one contiguous run ("no" is not in "nothing");
+  2. the prediction has at most ``max_extra_tokens`` (default 3) tokens more than the gold
+     ("it was Nidal Malik Hasan" passes, a sentence around the answer does not);
+  3. the prediction holds no more list separators than the gold, counted in the text before normalisation:
+     ``,`` (except between digits, a thousands separator), ``;``, ``/``, ``|``, ``、``, ``，``, ``；`` and the
+     words ``or``, ``and``, ``nor`` ("Paris or Lyon" and "Paris, France" do not cover "Paris"; "Washington,
+     D.C." covers itself);
+  4. when the normalised prediction or gold is ``yes``, ``no`` or ``noanswer`` (HotpotQA's special answers),
+     the two are equal ("yes it is" does not cover "yes").
+
+  A gold that normalises to the empty string only covers an empty prediction, as for cover-EM.
 * :func:`choice_accuracy`: for multiple-choice questions (MedQA): the option letter read from the
   prediction by :func:`extract_choice` equals the gold letter.
 
@@ -48,14 +67,20 @@ import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-__all__ = ["choice_accuracy", "cover_exact_match", "exact_match", "extract_choice", "f1_score", "gold_choice",
-           "normalize_answer"]
+__all__ = ["choice_accuracy", "cover_exact_match", "cover_exact_match_tokens", "exact_match", "extract_choice",
+           "f1_score", "gold_choice", "normalize_answer"]
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # CJK unified ideographs (+ extension A), kana, hangul: one token per character in F1
 _CJK = re.compile(r"([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff])")
 DEFAULT_LETTERS = ("A", "B", "C", "D")
+# HotpotQA's answers that only an exact match scores (hotpot_evaluate_v1.py)
+SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
+COVER_MAX_EXTRA_TOKENS = 3
+# what separates the items of a list, in text before normalisation (a comma between digits is a thousands
+# separator)
+_LIST_SEPARATORS = re.compile(r"(?<!\d),|,(?!\d)|[;/|、，；]|\b(?:or|and|nor)\b", re.IGNORECASE)
 
 
 def normalize_answer(text: str | None) -> str:
@@ -98,9 +123,16 @@ def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
 
 
 def f1_score(prediction: str | None, golds: str | Sequence[str]) -> float:
-    """Best token-level F1 of the normalised prediction against each normalised gold."""
-    pred = _tokens(normalize_answer(prediction))
-    return max(_f1(pred, _tokens(normalize_answer(g))) for g in _golds(golds))
+    """Best token-level F1 of the normalised prediction against each normalised gold; 0 against a gold where
+    one side is yes/no/noanswer and the two differ (HotpotQA's rule)."""
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for g in _golds(golds):
+        gold = normalize_answer(g)
+        if (pred in SPECIAL_ANSWERS or gold in SPECIAL_ANSWERS) and pred != gold:
+            continue
+        best = max(best, _f1(_tokens(pred), _tokens(gold)))
+    return best
 
 
 def cover_exact_match(prediction: str | None, golds: str | Sequence[str]) -> float:
@@ -109,6 +141,36 @@ def cover_exact_match(prediction: str | None, golds: str | Sequence[str]) -> flo
     for g in _golds(golds):
         gold = normalize_answer(g)
         if (gold and gold in pred) or (not gold and not pred):
+            return 1.0
+    return 0.0
+
+
+def cover_exact_match_tokens(prediction: str | None, golds: str | Sequence[str], *,
+                             max_extra_tokens: int = COVER_MAX_EXTRA_TOKENS) -> float:
+    """1.0 when the prediction covers a gold token by token: a contiguous run, at most ``max_extra_tokens``
+    more tokens, no more list separators than the gold, yes/no/noanswer only exactly (module docstring)."""
+    if max_extra_tokens < 0:
+        raise ValueError(f"max_extra_tokens must be >= 0, got {max_extra_tokens}")
+    pred = normalize_answer(prediction)
+    pred_tokens = _tokens(pred)
+    pred_separators = len(_LIST_SEPARATORS.findall(prediction or ""))
+    for g in _golds(golds):
+        gold = normalize_answer(g)
+        gold_tokens = _tokens(gold)
+        if not gold_tokens:
+            if not pred_tokens:
+                return 1.0
+            continue
+        if pred in SPECIAL_ANSWERS or gold in SPECIAL_ANSWERS:
+            if pred == gold:
+                return 1.0
+            continue
+        if len(pred_tokens) - len(gold_tokens) > max_extra_tokens:
+            continue
+        if pred_separators > len(_LIST_SEPARATORS.findall(g)):
+            continue
+        n = len(gold_tokens)
+        if any(pred_tokens[i:i + n] == gold_tokens for i in range(len(pred_tokens) - n + 1)):
             return 1.0
     return 0.0
 

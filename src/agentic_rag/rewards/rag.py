@@ -14,6 +14,17 @@ counted in ``failures`` / ``last_failures`` and the sample is scored by the ``fa
 A score is ``None`` ("not applicable") only when the trajectory retrieved nothing that could be judged: no
 gold titles for the ID metrics (a failed LLM call falling back to one included), no contexts for the LLM
 metrics.
+
+**What is judged** (:func:`contexts_from_events`): the passages as the model was shown them. Each search
+event lists the passages its observation showed, with exactly the text it held (a passage cut by the
+observation's budget only up to the cut); every one of them is a context, in the order shown, once each (a
+docid or a text seen before is skipped), so every chunk of a chunked article counts, not only its first.
+The ID metrics compare titles (the gold ``supporting_facts`` are titles), each title once.
+
+**API key.** The judge's key is read from the environment variable ``api_key_env`` names; when it is unset the
+client sends the placeholder ``EMPTY``, which a local server started without a key accepts and a hosted API
+refuses (every call then fails and the fallback scores). :meth:`RetrievalQuality.describe` says which scorer
+will actually run; the training reward logs it once at start-up.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ..endpoints import NO_KEY, api_key_from_env
 
 ID_METRICS = ("id_recall", "id_precision")
 NON_LLM = (*ID_METRICS, "text_recall")
@@ -62,6 +75,7 @@ class RetrievalQuality:
         if fallback not in ID_METRICS:
             raise ValueError(f"the RAGAS fallback must be one of {', '.join(ID_METRICS)}, got {fallback!r}")
         self.metric_name = metric
+        self._llm = llm if metric in LLM else None
         self.max_concurrency = max_concurrency
         self.failures = 0  # failed LLM calls, all batches
         self.last_failures = 0  # ... in the last batch
@@ -80,6 +94,23 @@ class RetrievalQuality:
             self._metric = NonLLMContextRecall()
         else:
             self._metric = _llm_metric(metric, llm)
+
+    def describe(self) -> str:
+        """Which scorer will run, in one line: the metric and, for an LLM metric, the judge model, its endpoint,
+        where its API key comes from (never the key itself) and the fallback."""
+        if self.metric_name not in LLM:
+            what = "the text of the passages shown against reference passages" if self.metric_name == "text_recall" \
+                else "the titles of the passages shown against the gold titles"
+            return f"{self.metric_name} (RAGAS, no LLM): {what}"
+        llm = self._llm
+        assert llm is not None and self.fallback is not None
+        if os.environ.get(llm.api_key_env):
+            key = f"API key from {llm.api_key_env}"
+        else:
+            key = (f"no API key: {llm.api_key_env} is unset, so the placeholder key '{NO_KEY}' is sent, which only "
+                   f"a server started without a key accepts (a hosted API refuses every call)")
+        return (f"{self.metric_name} judged by {llm.model} at {llm.base_url} ({key}); a failed call is scored by "
+                f"{self.fallback.metric_name}")
 
     def score_batch(self, items: Sequence[RetrievedContext]) -> list[float | None]:
         if self.metric_name not in LLM:
@@ -142,7 +173,7 @@ def _llm_metric(metric: str, llm: LLMEndpoint):
     from ragas.llms import llm_factory
     from ragas.metrics.collections import ContextPrecisionWithoutReference, ContextRelevance, Faithfulness
 
-    client = AsyncOpenAI(base_url=llm.base_url, api_key=os.environ.get(llm.api_key_env) or "unused",
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=api_key_from_env(llm.api_key_env),
                          timeout=llm.timeout_s, max_retries=2)
     judge = llm_factory(llm.model, client=client)
     cls = {"context_relevance": ContextRelevance, "faithfulness": Faithfulness,
@@ -150,19 +181,26 @@ def _llm_metric(metric: str, llm: LLMEndpoint):
     return cls(llm=judge)
 
 
-def contexts_from_events(events: Sequence[dict], question: str, answer: str | None, gold_titles: Sequence[str],
-                         passages: dict[str, str] | None = None) -> RetrievedContext:
-    """Collect what a trajectory retrieved from its search events (titles in order, deduplicated)."""
+def contexts_from_events(events: Sequence[dict], question: str, answer: str | None,
+                         gold_titles: Sequence[str]) -> RetrievedContext:
+    """What a trajectory's observations showed, from its search events: ``texts``, each passage's text as
+    shown, in order, once per docid and once per text; ``titles``, their titles, once each."""
     titles: list[str] = []
     texts: list[str] = []
+    seen_ids: set[str] = set()
+    seen_texts: set[str] = set()
     for e in events:
         if e.get("type") != "search":
             continue
         for result in e.get("results", []):
             for hit in result.get("hits", []):
-                title = hit.get("title", "")
+                title, text, docid = hit.get("title", ""), hit.get("text", ""), str(hit.get("docid") or "")
                 if title and title not in titles:
                     titles.append(title)
-                    texts.append(hit.get("text", "") or (passages or {}).get(title, title))
+                if not text.strip() or (docid and docid in seen_ids) or text in seen_texts:
+                    continue
+                seen_ids.add(docid)
+                seen_texts.add(text)
+                texts.append(text)
     return RetrievedContext(question=question, answer=answer or "", titles=titles, texts=texts,
                             gold_titles=list(gold_titles))

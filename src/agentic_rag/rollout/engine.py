@@ -27,19 +27,27 @@ round's tool calls are collected, and the next round starts.
 Limits end a trajectory with a ``finish_reason`` that says which limit: ``answer`` (normal), ``eos`` (ended
 without an answer), ``turn_token_limit``, ``max_completion_tokens`` (also when an observation or note does
 not fit at all in the room left: resuming without it would let the model go on as if the environment had
-answered), ``max_turns``, ``max_searches``; ``cancelled`` comes from the hooks.
+answered), ``max_turns``, ``max_searches`` (only with ``on_search_limit="end"``); ``cancelled`` comes from
+the hooks. A search past ``max_searches`` is refused, not run: by default (``on_search_limit="observe"``)
+the environment answers it with a notice that no searches are left, and the model goes on within its
+remaining turns and tokens, so it can still answer; with ``"end"`` the trajectory ends there.
 
 Shown passages. A search's observation is cut to its budget; a passage counts as shown (listed under
 ``hits`` in the search event, and never shown again when ``dedup_passages``) only if at least the start of
-its text is in the observation as kept; ``partial`` marks one whose text was cut partway (the model read its
-title and opening, which is what a reader of a truncated result list sees). Passages cut off entirely are
+its text is in the observation as kept, and its ``text`` there is what the observation held of it; ``partial``
+marks one whose text was cut partway (the model read its title and opening, which is what a reader of a
+truncated result list sees). Passages cut off entirely are
 listed under ``cut`` and may come back in a later search.
 
-Backtrack abandons the last search step (the model turn that searched and its observation): the next
+The memory stack. Backtrack abandons the last search step in the visible context (the model turn that
+searched and its observation, see :meth:`.Trajectory.last_search_step`) with everything after it: the next
 segment is a note from the environment that hangs off the segment *before* that step, so the abandoned
-text leaves the context. Summary (``summary_mode="replace"``) restarts the context from the prompt with an
-environment note holding the summary. Both keep every token's context a path from the prompt, which is
-what makes training-time scoring exact (:mod:`.scoring`).
+text leaves the context. Backtracks in a row pop one search step each; earlier backtrack notes and notices
+are passed over. With no search step left (none yet, or none since a replacing summary), the backtrack is
+refused with a notice and stays visible. Summary (``summary_mode="replace"``) restarts the context from the
+prompt with an environment note holding the summary; ``"keep"`` leaves the context as it is. Both keep
+every token's context a path from the prompt, which is what makes training-time scoring exact
+(:mod:`.scoring`).
 
 An engine may be reused for many runs and closed when done (``close()`` or ``with AgentRollout(...) as
 engine``); a tool call that times out is abandoned on its daemon thread and never holds up later calls.
@@ -59,12 +67,13 @@ from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry
 from .policy import STOP_EOS, STOP_LENGTH, Policy
 from .protocol import Action, ActionKind, Dialect, get_dialect
 from .tool_calls import ToolBatch, ToolCall, ToolRunner
-from .trajectory import ENV, MODEL, Trajectory
+from .trajectory import BACKTRACK_NOTE, ENV, MODEL, NOTICE, OBSERVATION, SUMMARY_NOTE, Trajectory
 
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("answer", "eos", "turn_token_limit", "max_completion_tokens", "max_turns", "max_searches",
                   "cancelled")
+SEARCH_LIMIT_ACTIONS = ("observe", "end")
 
 
 @dataclass
@@ -84,10 +93,14 @@ class RolloutHooks:
 
 @dataclass
 class RolloutLimits:
-    """Budgets of one trajectory. Every one that runs out ends it with a finish_reason of its name."""
+    """Budgets of one trajectory. Every one that runs out ends it with a finish_reason of its name, except
+    ``max_searches`` under ``on_search_limit="observe"``: a search past it gets a notice instead."""
 
     max_turns: int = 8  # model turns
     max_searches: int = 4  # search actions (a failed search counts)
+    # a search past max_searches: "observe" = refused with a notice (env tokens), the model goes on and may
+    # answer; "end" = the trajectory ends there with finish_reason max_searches
+    on_search_limit: str = "observe"
     max_tokens_per_turn: int = 256  # new model tokens in one turn
     max_completion_tokens: int = 1024  # everything after the prompt: model and environment tokens
     passages_per_search: int = 3  # hits shown per query
@@ -102,6 +115,8 @@ class RolloutLimits:
                                  "max_observation_tokens") if getattr(self, name) < 1]
         if self.max_searches < 0:
             problems.append(f"max_searches must be >= 0, got {self.max_searches}")
+        if self.on_search_limit not in SEARCH_LIMIT_ACTIONS:
+            problems.append(f"on_search_limit must be 'observe' or 'end', got {self.on_search_limit!r}")
         if self.search_timeout_s <= 0:
             problems.append(f"search_timeout_s must be > 0, got {self.search_timeout_s}")
         if self.max_observation_tokens < 16:
@@ -319,7 +334,7 @@ class AgentRollout:
         for i, gen, budget in turns:
             t = trajs[i]
             t.num_turns += 1
-            t.append(list(gen.ids), MODEL, logprobs=gen.logprobs)
+            segment = t.append(list(gen.ids), MODEL, logprobs=gen.logprobs)
             text = self.tokenizer.decode(gen.ids, skip_special_tokens=False)
             for tag in self.dialect.forged_tags(text):
                 t.event("forged_tag", tag=tag)
@@ -327,6 +342,7 @@ class AgentRollout:
             if gen.stop in (STOP_EOS, STOP_LENGTH) and action.kind is not ActionKind.ANSWER:
                 # only a complete answer counts in a turn that ran into EOS or its budget
                 action = Action(ActionKind.NONE)
+            t.segments[segment].kind = action.kind.value
             done = self._apply(t, action, gen.stop, budget, calls, i)
             if not done and t.num_turns >= self.limits.max_turns:
                 calls = [c for c in calls if c.index != i]
@@ -361,13 +377,17 @@ class AgentRollout:
         if action.kind is ActionKind.SEARCH:
             if t.num_searches >= lim.max_searches:
                 t.event("limit", name="max_searches", queries=list(action.queries))
-                self._finish(t, "max_searches")
-                return True
+                if lim.on_search_limit == "end":
+                    self._finish(t, "max_searches")
+                    return True
+                return not self._append_observation(
+                    t, f"You have no searches left (the limit is {lim.max_searches}). Answer with what you know.",
+                    kind=NOTICE)
             t.num_searches += 1
             if not action.queries or not any(clean_query(q) for q in action.queries):
                 t.event("error", kind="empty_query", content=action.content[:200])
                 return not self._append_observation(
-                    t, "The search query was empty. Write a query inside the search tags.")
+                    t, "The search query was empty. Write a query inside the search tags.", kind=OBSERVATION)
             calls.append(ToolCall(i, action))
             return False
         if action.kind is ActionKind.BACKTRACK:
@@ -376,24 +396,26 @@ class AgentRollout:
             t.event("summary", text=action.content, mode=self.summary_mode)
             if self.summary_mode == "replace":
                 body = f"Summary of the earlier steps: {action.content}" if action.content else "Summary: (empty)"
-                return not self._append_observation(t, body, parent=-1)
+                return not self._append_observation(t, body, parent=-1, kind=SUMMARY_NOTE)
             return False
         raise AssertionError(f"unhandled action {action.kind}")
 
     def _backtrack(self, t: Trajectory, reason: str) -> bool:
-        """Abandon the last search step: the next segment hangs off the segment before it. False when the
-        note did not fit (the trajectory is then finished)."""
+        """Abandon the last search step in the visible context and everything after it, the backtrack turn
+        included: the note hangs off the segment before the step. ``dropped_tokens`` counts the tokens that
+        leave the context (those on the path from the step to the backtrack turn). With no search step to
+        abandon, a notice answers and the backtrack turn stays. False when the note did not fit (the
+        trajectory is then finished)."""
         current = len(t.segments) - 1  # the backtrack turn
-        parent = t.segments[current].parent
-        if parent >= 0 and t.segments[parent].source == ENV and t.segments[parent].parent >= 0:
-            step_model = t.segments[parent].parent
-            new_parent = t.segments[step_model].parent
-            dropped = t.segments[current].end - t.segments[step_model].start
-            t.event("backtrack", reason=reason, dropped_tokens=dropped)
-            note = "Backtracked: the previous search step was removed." + (f" Reason: {reason}" if reason else "")
-            return self._append_observation(t, note, parent=new_parent)
-        t.event("error", kind="nothing_to_backtrack")
-        return self._append_observation(t, "There is no search step to backtrack from.")
+        step = t.last_search_step(current)
+        if step is None:
+            t.event("error", kind="nothing_to_backtrack")
+            return self._append_observation(t, "There is no search step to backtrack from.", kind=NOTICE)
+        path = t.path(current)
+        dropped = sum(len(t.segments[i]) for i in path[path.index(step):])
+        t.event("backtrack", reason=reason, dropped_tokens=dropped)
+        note = "Backtracked: the previous search step was removed." + (f" Reason: {reason}" if reason else "")
+        return self._append_observation(t, note, parent=t.segments[step].parent, kind=BACKTRACK_NOTE)
 
     # --------------------------------------------------------------------------------------------- tools
 
@@ -416,7 +438,7 @@ class AgentRollout:
         entirely is listed under ``cut`` and may come back in a later search."""
         if call.error is not None:
             t.event("error", kind="search_failed", message=call.error, queries=list(call.action.queries))
-            self._append_observation(t, f"Error: {call.error}. You may search again or answer.")
+            self._append_observation(t, f"Error: {call.error}. You may search again or answer.", kind=OBSERVATION)
             return
         k = self.limits.passages_per_search
         multi = len(call.action.queries) > 1
@@ -455,12 +477,15 @@ class AgentRollout:
         for qi, hit, start, end in spans:
             if kept > start:
                 shown.add(hit.docid)
-                record[qi]["hits"].append({"docid": hit.docid, "title": hit.title, "text": hit.text[:1000],
+                # the text as the observation showed it (up to the cut of a truncated observation): what the
+                # model read, and what the RAGAS reward judges
+                text = hit.text[:min(end, kept) - start]
+                record[qi]["hits"].append({"docid": hit.docid, "title": hit.title, "text": text,
                                            "partial": bool(body[kept:end].strip())})
             else:
                 record[qi]["cut"].append({"docid": hit.docid, "title": hit.title})
         t.event("search", tool=call.action.tool, queries=list(call.action.queries), results=record)
-        self._add_observation(t, ids, kept < len(body))
+        self._add_observation(t, ids, kept < len(body), kind=OBSERVATION)
 
     # ----------------------------------------------------------------------------------- observations
 
@@ -473,21 +498,22 @@ class AgentRollout:
         room = self.limits.max_completion_tokens - len(t.completion_ids)
         return self._fit(body, min(self.limits.max_observation_tokens, room))
 
-    def _append_observation(self, t: Trajectory, body: str, parent: int | None = None) -> bool:
-        """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0).
-        False when it did not fit at all: the trajectory is then finished (``max_completion_tokens``)."""
+    def _append_observation(self, t: Trajectory, body: str, parent: int | None = None, *, kind: str) -> bool:
+        """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0) as a
+        segment of ``kind``. False when it did not fit at all: the trajectory is then finished
+        (``max_completion_tokens``)."""
         ids, kept = self._fit_observation(t, body)
-        return self._add_observation(t, ids, kept < len(body), parent)
+        return self._add_observation(t, ids, kept < len(body), parent, kind=kind)
 
     def _add_observation(self, t: Trajectory, ids: list[int] | None, truncated: bool,
-                         parent: int | None = None) -> bool:
+                         parent: int | None = None, *, kind: str) -> bool:
         if ids is None:
             # resuming without it would let the model continue right after its action tag, as if the
             # environment had answered nothing: the trajectory ends here instead
             t.event("observation", tokens=0, truncated=True, dropped="no room left")
             self._finish(t, "max_completion_tokens")
             return False
-        t.append(ids, ENV, parent=parent)
+        t.append(ids, ENV, parent=parent, kind=kind)
         t.event("observation", tokens=len(ids), truncated=truncated)
         return True
 

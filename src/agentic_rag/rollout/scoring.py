@@ -17,6 +17,8 @@ import torch
 
 from .trajectory import Trajectory
 
+TREE_MASK_ATTENTION = ("sdpa", "eager")  # the attention kernels that apply a custom 4D mask as given
+
 
 def layout(traj: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
     """Position ids ``[L]`` and a boolean visibility matrix ``[L, L]`` (row attends column) for
@@ -86,8 +88,15 @@ def completion_logprobs(model, trajs: Sequence[Trajectory], *, pad_id: int, temp
                         batch_size: int = 8) -> list[torch.Tensor]:
     """Per completion token, ``log_softmax(logits / temperature)`` at the token, under its own context.
 
-    Environment tokens get a value too (they are inputs like any other) but the trainer masks them out.
+    Environment tokens get a value too (they are inputs like any other) but the trainer masks them out. The
+    model's attention must apply a custom 4D mask as given (sdpa or eager): flash attention reads it as a 2D
+    padding mask, so any other kernel is refused rather than scored wrong.
     """
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attention is not None and attention not in TREE_MASK_ATTENTION:
+        raise ValueError(f"completion_logprobs scores with a 4D tree-shaped attention mask, which the model's "
+                         f"{attention!r} attention cannot apply; load the model with attn_implementation='sdpa' "
+                         f"(or 'eager')")
     device = next(model.parameters()).device
     out: list[torch.Tensor] = []
     for start in range(0, len(trajs), batch_size):

@@ -9,6 +9,12 @@ the next segment's parent is an earlier segment, so the abandoned text leaves wh
 Because each segment's context is the path from the prompt to its parent, every token's context is a
 prefix-closed set and one forward pass with a tree-shaped attention mask (:mod:`.scoring`) reproduces, for
 every token, exactly the context it was generated with.
+
+Each segment also says what it is (``kind``): a model turn carries the action that ended it (``search``,
+``answer``, ``backtrack``, ``summary``, ``none``); an environment segment is a search step's
+``observation`` (results, or the error of a failed or empty search), a ``backtrack_note``, a
+``summary_note``, or a ``notice`` (a refused action: nothing to backtrack, no searches left). A *search
+step* is a model ``search`` turn and the ``observation`` that follows it: the unit a backtrack abandons.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MODEL, ENV = "model", "env"
+# kinds of environment segments (a model segment's kind is its turn's action, an ActionKind value)
+OBSERVATION, NOTICE, BACKTRACK_NOTE, SUMMARY_NOTE = "observation", "notice", "backtrack_note", "summary_note"
 
 
 @dataclass
@@ -25,6 +33,7 @@ class Segment:
     end: int  # exclusive
     source: str  # MODEL or ENV
     parent: int  # index of the segment this one follows in its context; -1 = the prompt
+    kind: str = ""  # what it is: a model turn's action, or OBSERVATION, NOTICE, BACKTRACK_NOTE, SUMMARY_NOTE
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -70,7 +79,7 @@ class Trajectory:
         return ids
 
     def append(self, ids: list[int], source: str, parent: int | None = None,
-               logprobs: list[float] | None = None) -> int:
+               logprobs: list[float] | None = None, kind: str = "") -> int:
         """Add a segment (parent defaults to the last segment); returns its index."""
         start = len(self.completion_ids)
         parent = len(self.segments) - 1 if parent is None else parent
@@ -83,8 +92,18 @@ class Trajectory:
                 self.logprobs = None  # the backend gave none: no partial lists
             else:
                 self.logprobs.extend([0.0] * len(ids))
-        self.segments.append(Segment(start, start + len(ids), source, parent))
+        self.segments.append(Segment(start, start + len(ids), source, parent, kind))
         return len(self.segments) - 1
+
+    def last_search_step(self, segment: int) -> int | None:
+        """The model turn that opens the last search step on the path to ``segment``, or None when that path
+        holds none. Backtrack notes, notices and model turns after the step are passed over; a replacing
+        summary note starts its path at the prompt, so no step before a summary is ever found."""
+        for index in reversed(self.path(segment)):
+            seg = self.segments[index]
+            if seg.source == ENV and seg.kind == OBSERVATION and seg.parent >= 0:
+                return seg.parent
+        return None
 
     def event(self, type_: str, **data: Any) -> None:
         ev = {"type": type_, "turn": self.num_turns, **data}

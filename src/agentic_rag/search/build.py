@@ -4,7 +4,8 @@
 Anserini indexes one file per thread), then builds a Lucene BM25 index with Anserini's ``IndexCollection``
 in a separate Java process (so this process holds no JVM while indexing) and/or a FAISS index with a local
 encoder. Everything is written into ``OUT.partial`` and renamed into place at the end, so an interrupted
-build never leaves a half-built index under the real name.
+build never leaves a half-built index under the real name; the passage vectors it had encoded stay in
+``OUT.partial/dense/vectors``, and the next build with the same corpus and encoder encodes only the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .corpus import CorpusStats, Passage, iter_passages
+from .dense_index import DenseIndexSpec
 from .docstore import DocStore, write_offsets
 from .manifest import (
     MANIFEST,
@@ -34,6 +36,7 @@ from .manifest import (
     file_sha256,
 )
 from .types import IndexMismatchError, IndexMissingError
+from .vectors import DEFAULT_CHUNK
 
 log = logging.getLogger(__name__)
 
@@ -136,39 +139,36 @@ def build_lucene(jsonl_dir: Path, out: Path, *, language: str = "en", threads: i
     return indexed
 
 
-def build_faiss(store: ShardedDocStore, out: Path, encoder, *, faiss_type: str = "flat",
-                batch: int = 1024, progress: bool = True) -> int:
-    import faiss
+def build_faiss(store, out_dir: Path, encoder, *, spec: DenseIndexSpec, key: dict, chunk: int = DEFAULT_CHUNK,
+                progress: bool = True) -> tuple[list[str], DenseIndexSpec]:
+    """Encode ``store`` into ``out_dir/vectors`` (resumable: :func:`~agentic_rag.search.vectors.encode_corpus`),
+    then build the FAISS file(s) of ``spec`` in ``out_dir``; returns their names and the resolved spec."""
+    from .dense_index import build_shards
+    from .vectors import encode_corpus
 
-    from .dense import new_faiss_index
-
-    index = new_faiss_index(encoder.dim, faiss_type)
-    buf: list[Passage] = []
-    with tqdm(total=len(store), unit="passage", desc="dense (FAISS)", disable=not progress) as bar:
-        for passage in store:
-            buf.append(passage)
-            if len(buf) == batch:
-                index.add(encoder.encode_passages(buf))
-                bar.update(len(buf))
-                buf = []
-        if buf:
-            index.add(encoder.encode_passages(buf))
-            bar.update(len(buf))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(index, str(out))
-    return int(index.ntotal)
+    vectors = encode_corpus(store, encoder, out_dir / "vectors", key=key, chunk=chunk, progress=progress)
+    resolved = spec.resolved(len(vectors), vectors.dim)
+    names = build_shards(vectors, resolved, out_dir, progress=progress)
+    return names, resolved
 
 
 def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool = True,
                 dense_encoder: str | None = None, language: str = "en", fmt: str = "auto",
                 skip_bad: bool = False, chunk_size: int = 100, threads: int | None = None,
-                k1: float = 0.9, b: float = 0.4, faiss_type: str = "flat", query_prefix: str = "",
-                passage_prefix: str = "", force: bool = False, progress: bool = True) -> IndexManifest:
+                k1: float = 0.9, b: float = 0.4, dense_index: DenseIndexSpec | str = "flat", query_prefix: str = "",
+                passage_prefix: str = "", encode_chunk: int = DEFAULT_CHUNK, keep_vectors: bool = True,
+                force: bool = False, progress: bool = True) -> IndexManifest:
     """Build (or reuse, when up to date) the index directory ``out`` from ``corpus``.
 
     Up to date means the same corpus file, read the same way (format, ``chunk_size`` for KILT pages,
     ``skip_bad``), with the same parts and parameters: see :func:`_stale_reason`.
+
+    Dense: passages are encoded in parts of ``encode_chunk`` into ``OUT.partial/dense/vectors``; a build that
+    stops (crash, kill, Ctrl-C) and is started again with the same corpus and encoder keeps those parts and
+    encodes only the rest. A rebuild of a finished index for another reason (another ``dense_index``, say)
+    reuses the vectors kept in ``OUT/dense/vectors`` (``keep_vectors``; hard links, nothing copied).
     """
+    spec = DenseIndexSpec(kind=dense_index) if isinstance(dense_index, str) else dense_index
     if not bm25 and not dense_encoder:
         raise ValueError("nothing to build: pass --bm25 and/or --dense-encoder PATH")
     if language not in LANGUAGES:
@@ -192,15 +192,15 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
             old = None
         stale = "its manifest cannot be read" if old is None else _stale_reason(
             old, corpus, bm25=bm25, encoder=encoder, language=language, fmt=fmt, skip_bad=skip_bad,
-            chunk_size=chunk_size, k1=k1, b=b)
+            chunk_size=chunk_size, k1=k1, b=b, spec=spec)
         if old is not None and stale is None:
             log.info("index at %s is up to date (same corpus, options and parts); use --force to rebuild", out)
             return old
         log.info("rebuilding the index at %s: %s", out, stale)
 
     tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    key = _vector_key(corpus, fmt, chunk_size, encoder, passage_prefix) if encoder is not None else None
+    _reset_partial(tmp, out, key)
     t0 = time.time()
     stats = _write_shards(corpus, tmp / "corpus", fmt, skip_bad, chunk_size, progress)
     _write_all_offsets(tmp)
@@ -218,10 +218,16 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
         manifest.bm25 = BM25Part(path="bm25", docs=n, k1=k1, b=b)
     if encoder is not None:
         store = open_docstore(tmp, manifest)
-        n = build_faiss(store, tmp / "dense" / "index.faiss", encoder, faiss_type=faiss_type, progress=progress)
-        manifest.dense = DensePart(path="dense/index.faiss", docs=n, encoder=encoder.path, dim=encoder.dim,
-                                   encoder_fingerprint=encoder_fingerprint(encoder.path), faiss_type=faiss_type,
-                                   query_prefix=query_prefix, passage_prefix=passage_prefix)
+        names, resolved = build_faiss(store, tmp / "dense", encoder, spec=spec, key=key, chunk=encode_chunk,
+                                      progress=progress)
+        if not keep_vectors:
+            shutil.rmtree(tmp / "dense" / "vectors")
+        shards = [f"dense/{name}" for name in names]
+        manifest.dense = DensePart(path=shards[0], docs=len(store), encoder=encoder.path, dim=encoder.dim,
+                                   encoder_fingerprint=encoder_fingerprint(encoder.path), faiss_type=spec.kind,
+                                   query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                   params=resolved.params(), shards=shards,
+                                   vectors="dense/vectors" if keep_vectors else None)
     manifest.save(tmp)
     if out.exists():
         old = out.with_name(out.name + ".old")
@@ -236,8 +242,48 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
     return manifest
 
 
+def _vector_key(corpus: Path, fmt: str, chunk_size: int, encoder, passage_prefix: str) -> dict:
+    """What determines the passage vectors: the passages (corpus checksum, format as resolved, KILT chunk size)
+    and the encoder (its weights and configuration) with its passage prefix."""
+    from .corpus import detect_format
+    from .vectors import weights_digest
+
+    resolved = detect_format(corpus) if fmt == "auto" else fmt
+    return {"corpus_sha256": file_sha256(corpus), "format": resolved,
+            "chunk_words": chunk_size if resolved == "kilt" else None,
+            "encoder_weights": weights_digest(encoder.path), "encoder_config": encoder_fingerprint(encoder.path),
+            "passage_prefix": passage_prefix}
+
+
+def _reset_partial(tmp: Path, out: Path, key: dict | None) -> None:
+    """Empty ``tmp`` (``OUT.partial``) for a new build, keeping the one thing worth keeping: passage vectors
+    made for ``key`` -- an interrupted build's (resumed where they stop) or, failing that, the finished vectors
+    kept in ``out`` (hard-linked in, so ``out`` stays whole until the final rename)."""
+    from .vectors import link_tree, matches
+
+    vectors = tmp / "dense" / "vectors"
+    keep = key is not None and matches(vectors, key)
+    if tmp.exists():
+        for child in tmp.iterdir():
+            if child.name == "dense" and keep:
+                for sub in child.iterdir():
+                    if sub.name != "vectors":
+                        shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
+            elif child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    tmp.mkdir(parents=True, exist_ok=True)
+    if keep:
+        log.info("keeping the passage vectors of the interrupted build in %s", vectors)
+    elif key is not None and matches(out / "dense" / "vectors", key, complete=True):
+        log.info("reusing the passage vectors of %s (same corpus and encoder)", out)
+        link_tree(out / "dense" / "vectors", vectors)
+
+
 def _stale_reason(old: IndexManifest, corpus: Path, *, bm25: bool, encoder, language: str, fmt: str,
-                  skip_bad: bool, chunk_size: int, k1: float, b: float) -> str | None:
+                  skip_bad: bool, chunk_size: int, k1: float, b: float,
+                  spec: DenseIndexSpec | None = None) -> str | None:
     """Why the index ``old`` is not what this build would make (None: it is, nothing to do).
 
     Corpus options count only where they change the passages: the format as resolved (``auto`` is what
@@ -262,6 +308,11 @@ def _stale_reason(old: IndexManifest, corpus: Path, *, bm25: bool, encoder, lang
     if (encoder is None) != (old.dense is None) or (
             encoder is not None and old.dense.encoder_fingerprint != encoder_fingerprint(encoder.path)):
         return "the dense part or its encoder differ"
+    if encoder is not None and spec is not None:
+        before = (old.dense.faiss_type, old.dense.params or None)
+        wanted = spec.resolved(old.dense.docs, old.dense.dim)
+        if before != (wanted.kind, wanted.params() if old.dense.params else None):
+            return f"dense index {old.dense.faiss_type} {old.dense.params} -> {wanted.kind} {wanted.params()}"
     return None
 
 
@@ -324,15 +375,14 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
         if manifest.corpus["passages"] is None:
             manifest.corpus["passages"] = docs
     if index_file is not None:
-        import faiss
-
         from .dense import resolve_encoder
+        from .dense_index import index_kind, read_index
 
-        index = faiss.read_index(str(index_file))
+        index = read_index(index_file)  # memory-mapped: a 21M-vector index is not read just to count it
         encoder_path = resolve_encoder(dense_encoder)
         manifest.dense = DensePart(path=str(index_file), docs=int(index.ntotal), encoder=encoder_path,
                                    dim=int(index.d), encoder_fingerprint=encoder_fingerprint(encoder_path)
-                                   if os.path.isdir(encoder_path) else "", external=True,
+                                   if os.path.isdir(encoder_path) else "", external=True, faiss_type=index_kind(index),
                                    query_prefix=query_prefix, passage_prefix=passage_prefix,
                                    docids=str(docid_file) if docid_file else None)
         if manifest.docstore is not None and manifest.corpus["passages"] != index.ntotal:

@@ -1,16 +1,18 @@
-"""Subcommands of the search layer: corpus build, index build/link/info, search, eval-retrieval, serve-search."""
+"""Subcommands of the search layer: corpus build, index build/link/info, serve-search.
+
+``search`` and ``eval-retrieval`` read question files, which belong to :mod:`agentic_rag.data`, so they are
+registered by :mod:`agentic_rag.evaluation.retrieval_commands` (the search layer imports nothing above it); they
+reuse :func:`add_searcher_args` and :func:`open_from_args` from here."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
-
-from tqdm import tqdm
 
 
-def _add_searcher_args(p: argparse.ArgumentParser) -> None:
+def add_searcher_args(p: argparse.ArgumentParser) -> None:
+    """The options that pick and tune a searcher, shared by every command that searches."""
     p.add_argument("--index", required=True, help="index directory (agentic-rag index build) or search server URL")
     p.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "hybrid"])
     p.add_argument("--dense-encoder", default=None,
@@ -21,24 +23,27 @@ def _add_searcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="Lucene threads for batch search")
     p.add_argument("--k1", type=float, default=None, help="BM25 k1 (default: the index's, 0.9)")
     p.add_argument("--b", type=float, default=None, help="BM25 b (default: the index's, 0.4)")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="ivf/ivfpq dense index: inverted lists scanned a query (default: the index's, 64)")
+    p.add_argument("--ef-search", type=int, default=None,
+                   help="hnsw dense index: search beam width (default: the index's, 128)")
+    p.add_argument("--no-mmap", dest="mmap", action="store_false",
+                   help="read the FAISS index into memory instead of memory-mapping it")
 
 
-def _open(args: argparse.Namespace, cache_size: int = 0):
+def searcher_options(args: argparse.Namespace, cache_size: int = 0) -> dict:
+    """:func:`~agentic_rag.search.index.open_searcher`'s keyword arguments from :func:`add_searcher_args`' options."""
+    return {"index": str(args.index), "retriever": args.retriever, "dense_encoder": args.dense_encoder,
+            "fusion": args.fusion, "alpha": args.alpha, "depth": args.depth, "threads": args.threads,
+            "k1": args.k1, "b": args.b, "cache_size": cache_size, "nprobe": args.nprobe,
+            "ef_search": args.ef_search, "mmap": args.mmap}
+
+
+def open_from_args(args: argparse.Namespace, cache_size: int = 0):
+    """The searcher named by :func:`add_searcher_args`' options."""
     from .index import open_searcher
 
-    return open_searcher(args.index, args.retriever, dense_encoder=args.dense_encoder, fusion=args.fusion,
-                         alpha=args.alpha, depth=args.depth, threads=args.threads, k1=args.k1, b=args.b,
-                         cache_size=cache_size)
-
-
-def _parse_ks(text: str) -> list[int]:
-    try:
-        ks = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {text!r}") from None
-    if not ks or ks[0] < 1:
-        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {text!r}")
-    return ks
+    return open_searcher(**searcher_options(args, cache_size))
 
 
 # ------------------------------------------------------------------------------------------- corpus
@@ -61,13 +66,22 @@ def cmd_index_build(args: argparse.Namespace) -> int:
     from .build import build_index
 
     bm25 = args.bm25 or not args.dense_encoder  # BM25 by default when nothing is named
+    from .dense_index import DenseIndexSpec
+
+    spec = DenseIndexSpec(kind=args.dense_index, nlist=args.nlist, pq_m=args.pq_m, pq_bits=args.pq_bits,
+                          opq=args.opq, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                          train_sample=args.train_sample, shard_size=args.shard_size)
     m = build_index(args.corpus, args.out, bm25=bm25, dense_encoder=args.dense_encoder, language=args.language,
                     fmt=args.format, skip_bad=args.skip_bad, chunk_size=args.chunk_words, threads=args.threads,
-                    k1=args.k1, b=args.b, faiss_type=args.faiss_type, query_prefix=args.query_prefix,
-                    passage_prefix=args.passage_prefix, force=args.force)
+                    k1=args.k1, b=args.b, dense_index=spec, query_prefix=args.query_prefix,
+                    passage_prefix=args.passage_prefix, encode_chunk=args.encode_chunk,
+                    keep_vectors=args.keep_vectors, force=args.force)
     skipped = int(m.corpus.get("skipped") or 0)
-    print(json.dumps({"index": str(args.out), "passages": m.corpus["passages"], "skipped": skipped,
-                      "bm25": m.bm25 is not None, "dense": m.dense is not None}))
+    summary = {"index": str(args.out), "passages": m.corpus["passages"], "skipped": skipped,
+               "bm25": m.bm25 is not None, "dense": m.dense is not None}
+    if m.dense is not None:
+        summary["dense_index"] = {"type": m.dense.faiss_type, **m.dense.params}
+    print(json.dumps(summary))
     if skipped:
         print(f"skipped {skipped} malformed record(s) (--skip-bad)", file=sys.stderr)
     return 0
@@ -97,59 +111,19 @@ def cmd_index_info(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------- search
 
 
-def cmd_search(args: argparse.Namespace) -> int:
-    if (args.query is None) == (args.queries is None):
-        raise ValueError("give either a QUERY or --queries FILE")
-    searcher = _open(args)
-    if args.query is not None:
-        for rank, hit in enumerate(searcher.search(args.query, args.k), start=1):
-            print(f"{rank:>2}. [{hit.docid}] {hit.title}  (score {hit.score:.4f})")
-            print(f"    {hit.text[:300]}")
-        return 0
-    from ..data.questions import read_questions
-
-    rows = read_questions(args.queries)
-    out_f = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    try:
-        with tqdm(total=len(rows), unit="q", desc="search", disable=out_f is sys.stdout) as bar:
-            for start in range(0, len(rows), args.batch_size):
-                chunk = rows[start:start + args.batch_size]
-                for row, hits in zip(chunk, searcher.batch_search([r.question for r in chunk], args.k),
-                                     strict=True):
-                    out_f.write(json.dumps({"id": row.id, "hits": [h.to_dict() for h in hits]},
-                                           ensure_ascii=False) + "\n")
-                bar.update(len(chunk))
-    finally:
-        if out_f is not sys.stdout:
-            out_f.close()
-    return 0
-
-
-def cmd_eval_retrieval(args: argparse.Namespace) -> int:
-    from ..data.questions import read_questions
-    from .evaluate import format_table, recall_at_k
-
-    rows = read_questions(args.questions, limit=args.limit)
-    result = recall_at_k(rows, _open(args), args.k)
-    result.update({"index": str(args.index), "retriever": args.retriever, "questions_file": str(args.questions)})
-    if args.retriever == "hybrid":
-        result.update({"fusion": args.fusion, "alpha": args.alpha, "depth": args.depth})
-    print(format_table(result, f"retriever={args.retriever} index={args.index}"))
-    print(json.dumps(result))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
 def cmd_serve_search(args: argparse.Namespace) -> int:
-    from .server import ServerLimits, serve
+    from .server import ServerLimits, serve, serve_workers
 
-    searcher = _open(args, cache_size=args.cache_size)
     limits = ServerLimits(max_k=args.max_k, max_batch=args.max_batch)
+    info = {"index": str(args.index), "retriever": args.retriever}
+    if args.workers > 1:
+        print(f"serving {args.retriever} search over {args.index} on http://{args.host}:{args.port} with "
+              f"{args.workers} worker processes", file=sys.stderr)
+        return serve_workers(searcher_options(args, cache_size=args.cache_size), args.host, args.port,
+                             workers=args.workers, limits=limits, info=info)
+    searcher = open_from_args(args, cache_size=args.cache_size)
     print(f"serving {args.retriever} search over {args.index} on http://{args.host}:{args.port}", file=sys.stderr)
-    serve(searcher, args.host, args.port, limits=limits,
-          info={"index": str(args.index), "retriever": args.retriever})
+    serve(searcher, args.host, args.port, limits=limits, info=info)
     return 0
 
 
@@ -179,7 +153,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--k1", type=float, default=0.9)
     b.add_argument("--b", type=float, default=0.4)
-    b.add_argument("--faiss-type", default="flat", choices=["flat", "hnsw"])
+    b.add_argument("--dense-index", "--faiss-type", dest="dense_index", default="flat",
+                   choices=["flat", "ivf", "ivfpq", "hnsw"],
+                   help="FAISS index type: flat (exact), ivf, ivfpq (compressed), hnsw (graph); all inner product")
+    b.add_argument("--nlist", type=int, default=0, help="ivf/ivfpq: inverted lists (0: 4*sqrt(passages))")
+    b.add_argument("--pq-m", type=int, default=0, help="ivfpq: code bytes a vector; must divide the dim (0: dim/4)")
+    b.add_argument("--pq-bits", type=int, default=0, help="ivfpq: bits per sub-quantizer code (0: 8)")
+    b.add_argument("--opq", action="store_true", help="ivfpq: learn an OPQ rotation before quantizing")
+    b.add_argument("--hnsw-m", type=int, default=0, help="hnsw: links per node (0: 32)")
+    b.add_argument("--ef-construction", type=int, default=0, help="hnsw: build beam width (0: 200)")
+    b.add_argument("--train-sample", type=int, default=0,
+                   help="ivf/ivfpq: vectors to train on, drawn uniformly (0: 40 per list, at least 40*2^pq-bits)")
+    b.add_argument("--shard-size", type=int, default=0,
+                   help="vectors per FAISS file; the files are searched together (0: one file)")
+    b.add_argument("--encode-chunk", type=int, default=50000,
+                   help="passages per saved part of the encoding (an interrupted build resumes at a part)")
+    b.add_argument("--keep-vectors", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the passage vectors in DIR/dense/vectors, so a rebuild with another index type "
+                        "does not encode again (4*dim bytes a passage)")
     b.add_argument("--query-prefix", default="", help="dense: prefix for queries (e5: 'query: ')")
     b.add_argument("--passage-prefix", default="", help="dense: prefix for passages (e5: 'passage: ')")
     b.add_argument("--force", action="store_true", help="rebuild even when the index is up to date")
@@ -199,29 +190,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--corpus", default=None)
     b.set_defaults(func=cmd_index_info)
 
-    p = sub.add_parser("search", help="search an index: one QUERY, or --queries FILE -> --output FILE")
-    _add_searcher_args(p)
-    p.add_argument("query", nargs="?", default=None)
-    p.add_argument("-k", "--k", type=int, default=5)
-    p.add_argument("--queries", default=None, help="question file (JSONL {id, question}, or any reader format)")
-    p.add_argument("--output", default=None, help="output JSONL (default stdout)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.set_defaults(func=cmd_search)
-
-    p = sub.add_parser("eval-retrieval", help="recall of gold titles at several k")
-    _add_searcher_args(p)
-    p.add_argument("--questions", required=True, help="questions with supporting_facts (gold titles)")
-    p.add_argument("--k", type=_parse_ks, default=[1, 5, 10, 20], help="comma-separated k values")
-    p.add_argument("--limit", type=int, default=None, help="first N questions only")
-    p.add_argument("--output", default=None, help="also write the JSON result here")
-    p.set_defaults(func=cmd_eval_retrieval)
-
     p = sub.add_parser("serve-search", help="serve an index over HTTP (POST /search, /batch_search; GET /health)")
-    _add_searcher_args(p)
+    add_searcher_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--cache-size", type=int, default=10000, help="server-side LRU cache entries (0 = off)")
     p.add_argument("--max-k", type=int, default=100,
                    help="most hits per query; the HTTP client caps k here (the rollout engine asks passages + 20)")
     p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes (spawned, each with its own searcher: its own read-only Lucene searcher "
+                        "and JVM, the FAISS files memory-mapped and shared); each gets cpu_count/workers threads")
     p.set_defaults(func=cmd_serve_search)

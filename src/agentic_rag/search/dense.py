@@ -1,4 +1,5 @@
-"""Dense retrieval: a sentence encoder from a local directory (or hub name) and a FAISS inner-product index."""
+"""Dense retrieval: a sentence encoder from a local directory (or hub name) and a FAISS inner-product index
+(one of the types of :mod:`agentic_rag.search.dense_index`, in one file or several shards)."""
 
 from __future__ import annotations
 
@@ -65,34 +66,41 @@ class Encoder:
         return self.encode([self.passage_prefix + p.contents for p in passages])
 
 
-def new_faiss_index(dim: int, kind: str = "flat"):
-    """``flat``: exact inner product; ``hnsw``: approximate, for corpora where flat search is too slow."""
-    import faiss
-
-    if kind == "flat":
-        return faiss.IndexFlatIP(dim)
-    if kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = 128
-        return index
-    raise ValueError(f"unknown faiss index type {kind!r}; choose flat or hnsw")
-
-
 class DenseSearcher:
-    """Encoder + FAISS; ``lookup(rows)`` turns FAISS row numbers into passages (a DocStore, usually)."""
+    """Encoder + FAISS; ``lookup(rows)`` turns FAISS row numbers into passages (a DocStore, usually).
 
-    def __init__(self, encoder: Encoder, faiss_path: str | os.PathLike,
-                 lookup: Callable[[list[int]], list[Passage]]):
-        import faiss
+    ``faiss_paths``: one FAISS file or several shards (:class:`~agentic_rag.search.dense_index.FaissShards`),
+    memory-mapped when ``mmap`` (see :mod:`agentic_rag.search.dense_index`). ``nprobe`` (IVF types) and
+    ``ef_search`` (HNSW) override the index's own settings for every search; :meth:`set_search_params` changes them.
+    """
+
+    def __init__(self, encoder: Encoder, faiss_paths: str | os.PathLike | Sequence[str | os.PathLike],
+                 lookup: Callable[[list[int]], list[Passage]], *, nprobe: int | None = None,
+                 ef_search: int | None = None, mmap: bool = True):
+        from .dense_index import FaissShards
 
         self.encoder = encoder
-        self.index = faiss.read_index(str(faiss_path))
+        paths = [faiss_paths] if isinstance(faiss_paths, str | os.PathLike) else list(faiss_paths)
+        self.index = FaissShards(paths, mmap=mmap)
         if self.index.d != encoder.dim:
             from .types import IndexMismatchError
 
-            raise IndexMismatchError(f"the FAISS index at {faiss_path} has dimension {self.index.d} but the "
+            raise IndexMismatchError(f"the FAISS index at {paths[0]} has dimension {self.index.d} but the "
                                      f"encoder {encoder.path} produces {encoder.dim}")
         self._lookup = lookup
+        self.nprobe = self.ef_search = None
+        self._params = None
+        self.set_search_params(nprobe=nprobe, ef_search=ef_search)
+
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        """Query-time settings for the searches that follow (None: the index's own). ValueError where one does
+        not apply to this index type."""
+        self._params = self.index.parameters(nprobe=nprobe, ef_search=ef_search)
+        self.nprobe, self.ef_search = nprobe, ef_search
+
+    @property
+    def kind(self) -> str:
+        return self.index.kind
 
     @property
     def num_docs(self) -> int:
@@ -101,13 +109,17 @@ class DenseSearcher:
     def search(self, query: str, k: int = 10) -> list[Hit]:
         return self.batch_search([query], k)[0]
 
+    def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS alone: scores and rows for already-encoded queries (benchmarks, recall against flat)."""
+        return self.index.search(vectors, k, self._params)
+
     def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
         cleaned = [clean_query(q) for q in queries]
         results: list[list[Hit]] = [[] for _ in cleaned]
         todo = [i for i, q in enumerate(cleaned) if q]
         if not todo:
             return results
-        scores, rows = self.index.search(self.encoder.encode_queries([cleaned[i] for i in todo]), k)
+        scores, rows = self.search_vectors(self.encoder.encode_queries([cleaned[i] for i in todo]), k)
         for i, srow, rrow in zip(todo, scores, rows, strict=True):
             valid = [(int(r), float(s)) for r, s in zip(rrow, srow, strict=True) if r >= 0]
             passages = self._lookup([r for r, _ in valid])

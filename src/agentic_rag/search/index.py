@@ -21,18 +21,31 @@ def is_url(index: str | os.PathLike) -> bool:
 def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_encoder: str | None = None,
                   fusion: str = "weighted", alpha: float = 0.3, depth: int = 50, threads: int | None = None,
                   k1: float | None = None, b: float | None = None, corpus: str | None = None,
-                  cache_size: int | None = None, timeout: float = 10.0, retries: int = 3) -> Searcher:
+                  cache_size: int | None = None, timeout: float = 10.0, retries: int = 3,
+                  nprobe: int | None = None, ef_search: int | None = None, mmap: bool = True) -> Searcher:
     """A :class:`Searcher` for ``index``: an index directory, or the URL of ``agentic-rag serve-search``.
 
     The index is checked against its manifest (parts present, document counts, encoder); every failure
     raises :class:`IndexMissingError` / :class:`IndexMismatchError` with the command that fixes it.
     ``cache_size`` entries of LRU cache go in front; ``0`` means no cache. Left out (None), a local index
     gets none and a URL gets 10000 (GRPO repeats queries, and each repeat would be a network round trip).
+
+    Dense part: ``nprobe`` (ivf, ivfpq) and ``ef_search`` (hnsw) override the defaults the manifest records;
+    ``mmap`` memory-maps the FAISS files (opening takes milliseconds; pages load on first use).
     """
     if retriever not in RETRIEVERS:
         raise ValueError(f"unknown retriever {retriever!r}; choose one of {', '.join(RETRIEVERS)}")
     if cache_size is not None and cache_size < 0:
         raise ValueError(f"cache_size must be >= 0 (0 = no cache), got {cache_size}")
+    tuning = {"nprobe": nprobe, "ef_search": ef_search}
+    if any(v is not None for v in tuning.values()):
+        named = ", ".join(f"{k}={v}" for k, v in tuning.items() if v is not None)
+        if is_url(index):
+            raise ValueError(f"{named} cannot be set by a client of {index}: the server searches; start it with "
+                             f"agentic-rag serve-search --nprobe N / --ef-search N")
+        if retriever == "bm25":
+            raise ValueError(f"{named} tune the dense index, and retriever 'bm25' has none: use --retriever dense "
+                             f"or hybrid, or leave them out")
     if is_url(index):
         from .client import HTTPSearcher
 
@@ -46,12 +59,12 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
     if retriever == "bm25":
         searcher = _open_bm25(index_dir, manifest, threads, k1, b)
     elif retriever == "dense":
-        searcher = _open_dense(index_dir, manifest, dense_encoder, threads)
+        searcher = _open_dense(index_dir, manifest, dense_encoder, threads, tuning, mmap)
     else:
         from .hybrid import HybridSearcher
 
         searcher = HybridSearcher(_open_bm25(index_dir, manifest, threads, k1, b),
-                                  _open_dense(index_dir, manifest, dense_encoder, threads),
+                                  _open_dense(index_dir, manifest, dense_encoder, threads, tuning, mmap),
                                   fusion=fusion, alpha=alpha, depth=depth)
     return CachedSearcher(searcher, cache_size) if cache_size else searcher
 
@@ -76,16 +89,18 @@ def _open_bm25(index_dir: Path, manifest: IndexManifest, threads: int | None, k1
     return searcher
 
 
-def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | None, threads: int | None):
+def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | None, threads: int | None,
+                tuning: dict[str, int | None] | None = None, mmap: bool = True):
     from .dense import DenseSearcher, Encoder, resolve_encoder
 
     part = manifest.dense
     hint = rebuild_hint(index_dir, manifest.corpus.get("path"), "--dense-encoder ENCODER_DIR")
     if part is None:
         raise IndexMissingError(f"the index at {index_dir} has no dense part.\n{hint}")
-    faiss_path = manifest.resolve(index_dir, part.path)
-    if not faiss_path.is_file():
-        raise IndexMissingError(f"the FAISS index of {index_dir} is missing ({faiss_path}).\n{hint}")
+    faiss_paths = [manifest.resolve(index_dir, p) for p in part.shard_paths()]
+    for faiss_path in faiss_paths:
+        if not faiss_path.is_file():
+            raise IndexMissingError(f"the FAISS index of {index_dir} is missing ({faiss_path}).\n{hint}")
     encoder_path = resolve_encoder(dense_encoder) if dense_encoder else part.encoder
     if os.path.isabs(encoder_path) and not os.path.isdir(encoder_path):
         raise IndexMismatchError(
@@ -108,9 +123,13 @@ def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | N
         raise IndexMissingError(f"the dense index at {index_dir} has no passage text source: link it again "
                                 f"with --corpus FILE (the corpus the FAISS index was built from, in row order), "
                                 f"or with --lucene DIR and a FAISS directory that has a 'docid' file")
-    searcher = DenseSearcher(encoder, faiss_path, lookup)
+    tuning = tuning or {}
+    nprobe, ef_search = (tuning.get(k) if tuning.get(k) is not None else part.params.get(k)
+                         for k in ("nprobe", "ef_search"))
+    searcher = DenseSearcher(encoder, faiss_paths, lookup, nprobe=nprobe, ef_search=ef_search, mmap=mmap)
     if searcher.num_docs != part.docs:
-        raise IndexMismatchError(f"the FAISS index at {faiss_path} holds {searcher.num_docs} vectors but the "
+        where = faiss_paths[0] if len(faiss_paths) == 1 else f"{faiss_paths[0].parent} ({len(faiss_paths)} shards)"
+        raise IndexMismatchError(f"the FAISS index at {where} holds {searcher.num_docs} vectors but the "
                                  f"manifest says {part.docs}.\n{hint}")
     return searcher
 

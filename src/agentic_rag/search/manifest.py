@@ -8,11 +8,17 @@ An index directory (``agentic-rag index build`` or ``agentic-rag index link``) h
      "bm25":     {"path": "bm25", "external": false, "k1": 0.9, "b": 0.4, "docs": N} | null,
      "dense":    {"path": "dense/index.faiss", "external": false, "encoder": ..., "encoder_fingerprint": ...,
                   "dim": 384, "docs": N, "faiss_type": "flat", "query_prefix": "", "passage_prefix": "",
-                  "docids": null} | null,
+                  "docids": null, "params": {"shard_size": 0}, "shards": ["dense/index.faiss"],
+                  "vectors": "dense/vectors"} | null,
      "versions": {"agentic_rag": ..., "pyserini": ..., "anserini": ..., "faiss": ...}}
 
 Relative paths are relative to the index directory; ``external`` parts point at indexes built elsewhere
 (a Pyserini prebuilt Wikipedia index, say) and are used in place, never copied.
+
+``faiss_type`` is the dense index type (flat, ivf, ivfpq, hnsw) and ``params`` its build parameters and query-time
+defaults (:class:`~agentic_rag.search.dense_index.DenseIndexSpec`); ``shards`` lists the FAISS files searched
+together (``path`` is the first); ``vectors`` is the kept encoding (:mod:`agentic_rag.search.vectors`) or null.
+A manifest written before these three fields existed reads as one flat-or-``faiss_type`` file at ``path``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,12 @@ class DensePart:
     query_prefix: str = ""
     passage_prefix: str = ""
     docids: str | None = None  # Pyserini FAISS indexes keep row -> docid in a 'docid' file
+    params: dict[str, Any] = field(default_factory=dict)  # DenseIndexSpec.params(): build settings, query defaults
+    shards: list[str] = field(default_factory=list)  # FAISS files in row order; empty (older manifests) = [path]
+    vectors: str | None = None  # the passage vectors the index was built from, kept for rebuilds
+
+    def shard_paths(self) -> list[str]:
+        return list(self.shards) or [self.path]
 
 
 @dataclass

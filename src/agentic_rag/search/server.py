@@ -11,7 +11,9 @@ Request and response bodies::
 
     POST /search        {"query": "...", "k": 5}        -> {"hits": [{"docid","title","text","score"}, ...]}
     POST /batch_search  {"queries": ["...", ...], "k": 5} -> {"results": [[hit, ...], ...]}
-    GET  /health                                          -> {"status": "ok", "limits": {"max_k", ...}, ...}
+    GET  /health                                          -> {"status": "ok", "limits": {"max_k", ...}, "pid", ...}
+
+With :func:`serve_workers` several spawned processes answer on one port, each with its own searcher.
 
 One query must not fail the requests batched with it. A request whose queries break a limit (empty, too
 long) is rejected whole with 422 naming the first bad one, before any search. A query the backend cannot
@@ -25,9 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -261,6 +264,7 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
         if cache is not None:
             out["cache"] = cache.stats()
         out.update(info or {})
+        out["pid"] = os.getpid()
         return out
 
     return app
@@ -273,6 +277,87 @@ def serve(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, *, limi
 
     app = create_app(searcher, limits=limits, info=info)
     uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1, access_log=False)
+
+
+WORKER_ENV = "AGENTIC_RAG_SEARCH_WORKER"
+WORKER_STARTUP_S = 600  # a worker may take this long to open its searcher before the supervisor gives up on it
+
+
+def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, *, workers: int = 2,
+                  limits: ServerLimits | None = None, info: dict[str, Any] | None = None,
+                  log_level: str = "warning") -> int:
+    """Serve with ``workers`` processes on one listening socket until interrupted; returns the exit status.
+
+    uvicorn's supervisor binds the socket and *spawns* (never forks) the workers; each one opens its own
+    searcher from ``options`` (:func:`~agentic_rag.search.index.open_searcher`'s keyword arguments): its own JVM
+    and read-only Lucene searcher (pyjnius is neither thread- nor fork-safe, so there is no sharing to get
+    wrong), and the FAISS files memory-mapped, so N workers share one copy of the index in the page cache (an
+    index FAISS cannot map is held N times). Each worker gets ``cpu_count // workers`` threads (at least one)
+    for Lucene, FAISS and torch, so N workers do not oversubscribe the cores. The kernel hands each new
+    connection to one worker; ``/health`` answers for the worker that got it (its ``pid``).
+
+    A worker that cannot open its searcher writes why to a file this process reads; the supervisor then stops
+    (uvicorn's start-up failure code), and the reason is logged and the status is 1.
+    """
+    import json
+    import tempfile
+
+    import uvicorn
+
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    from .index import is_url
+
+    if not is_url(options["index"]):  # fail here, once, on a missing index rather than in every worker
+        from .manifest import IndexManifest
+
+        IndexManifest.load(options["index"])
+    fd, failure_file = tempfile.mkstemp(prefix="agentic-rag-search-worker-", suffix=".txt")
+    os.close(fd)
+    config = {"options": options, "limits": asdict(limits or ServerLimits()), "info": {**(info or {}),
+              "workers": workers}, "workers": workers, "failure_file": failure_file}
+    os.environ[WORKER_ENV] = json.dumps(config)
+    try:
+        uvicorn.run(f"{__name__}:app_from_environment", factory=True, host=host, port=port, workers=workers,
+                    log_level=log_level, access_log=False, timeout_worker_healthcheck=WORKER_STARTUP_S)
+        with open(failure_file, encoding="utf-8") as f:
+            failure = f.read().strip()
+    finally:
+        os.environ.pop(WORKER_ENV, None)
+        os.unlink(failure_file)
+    if failure:
+        log.error("a search worker could not start: %s", failure)
+        return 1
+    return 0
+
+
+def app_from_environment() -> FastAPI:
+    """The application of one worker of :func:`serve_workers` (uvicorn calls this in each spawned process)."""
+    import json
+    import sys
+
+    config = json.loads(os.environ[WORKER_ENV])
+    threads = max(1, (os.cpu_count() or 1) // config["workers"])
+    try:
+        options = dict(config["options"])
+        if options.get("retriever") != "bm25":
+            import faiss
+            import torch
+
+            faiss.omp_set_num_threads(threads)
+            torch.set_num_threads(threads)
+        from .index import open_searcher
+
+        if options.get("threads") is None:
+            options["threads"] = threads
+        searcher = open_searcher(**options)
+    except Exception as exc:
+        with open(config["failure_file"], "a", encoding="utf-8") as f:
+            f.write(f"{type(exc).__name__}: {exc}\n")
+        from uvicorn.config import STARTUP_FAILURE
+
+        sys.exit(STARTUP_FAILURE)
+    return create_app(searcher, limits=ServerLimits(**config["limits"]), info=config["info"])
 
 
 def hits_from_json(rows: Sequence[dict[str, Any]]) -> list[Hit]:

@@ -1,5 +1,6 @@
 """What the chat server serves: a policy (base model + optional LoRA adapter), its tokenizer, a searcher,
-the dialect and the rollout limits, loaded from a :class:`~.config.ServerConfig`.
+the dialect, the prompt settings (system prompt, chat template) and the rollout limits, loaded from a
+:class:`~.config.ServerConfig` (which holds the adapter's trained settings where the user set none).
 
 Tests and benchmarks pass ``processors`` (a forcing processor makes a tiny random model search and answer
 on cue) or a whole ``policy``; everything else is loaded exactly as in production.
@@ -32,6 +33,9 @@ class ChatAgent:
     limits: RolloutLimits = field(default_factory=RolloutLimits)
     context_length: int | None = None  # the model's maximum positions, when it says
     info: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None  # the system prompt (None: the dialect's)
+    chat: bool | None = None  # the chat template (None: when the tokenizer has one)
+    summary_mode: str = "replace"
 
     @classmethod
     def load(cls, config: ServerConfig, *, processors: Sequence[Processor] = (), policy: Policy | None = None,
@@ -54,11 +58,19 @@ class ChatAgent:
         limits = RolloutLimits(max_turns=config.max_turns, max_searches=config.max_searches,
                                max_tokens_per_turn=config.max_tokens_per_turn,
                                max_completion_tokens=config.max_tokens,
-                               passages_per_search=config.passages_per_search)
+                               passages_per_search=config.passages_per_search,
+                               max_observation_tokens=config.max_observation_tokens,
+                               on_search_limit=config.on_search_limit)
+        if context and config.max_tokens >= context:
+            log.info("max_tokens %d does not fit the model's context of %d tokens: a request that sends no "
+                     "max_tokens gets what the context leaves after its prompt", config.max_tokens, context)
         info = {"model": config.served_name, "base_model": config.model, "adapter": config.adapter or None,
                 "search": config.search_target, "retriever": None if config.search_url else config.retriever,
-                "dialect": config.dialect}
-        return cls(policy, tokenizer, searcher, get_dialect(config.dialect), config.language, limits, context, info)
+                "dialect": config.dialect, "system_prompt": config.system_prompt or None,
+                "chat_template": config.chat_template}
+        return cls(policy, tokenizer, searcher, get_dialect(config.dialect), config.language, limits, context, info,
+                   system=config.system_prompt or None, chat=config.chat, summary_mode=config.summary_mode)
 
     def engine(self) -> AgentRollout:
-        return AgentRollout(self.policy, self.tokenizer, self.searcher, self.dialect, self.limits)
+        return AgentRollout(self.policy, self.tokenizer, self.searcher, self.dialect, self.limits,
+                            summary_mode=self.summary_mode)

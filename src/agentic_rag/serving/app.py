@@ -4,7 +4,8 @@
 thread, a bounded queue) behind FastAPI. The request path: authorise (bearer token, when configured) ->
 read the body (size-limited) -> parse and check it (:mod:`.schema`; any problem is a 4xx with a reason,
 never a 5xx) -> build the prompt ids off the event loop -> queue the job (full queue: 429 + Retry-After)
--> answer as one JSON body or as server-sent events (:mod:`.replies`).
+-> answer as one JSON body or as server-sent events, both made by one :class:`~.replies.ReplyWriter` per
+request (the app passes the engine's output through; it holds no reply text logic).
 
 A client that goes away is noticed in both modes: a stream's response ends when uvicorn reports the
 disconnect, and a plain request polls for it while it waits. Either way the job is cancelled: dropped from
@@ -18,6 +19,7 @@ time); ``/health`` answers without it but then reports only status and load.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -32,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .agent import ChatAgent
 from .config import ServerConfig
 from .conversation import prompt_ids
-from .replies import ReplyIds, TurnText, agent_trace, model_turns, openai_finish_reason, pieces_to_chunks, reply_content
+from .replies import SSE_DONE, ReplyWriter, sse
 from .scheduler import Job, QueueFull, Scheduler
 from .schema import APIError, ChatRequest, bad_request, check_request, parse_request
 
@@ -60,10 +62,6 @@ class _JobStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.job.cancel()
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, default=str).encode() + b"\n\n"
 
 
 def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
@@ -120,7 +118,11 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
             out["limits"] = {"max_tokens": config.max_tokens, "max_tokens_limit": config.max_tokens_limit,
                              "max_prompt_tokens": config.max_prompt_tokens,
                              "max_message_chars": config.max_message_chars, "max_messages": config.max_messages,
-                             "max_searches": config.max_searches, "max_turns": config.max_turns}
+                             "max_searches": config.max_searches, "max_turns": config.max_turns,
+                             "max_tokens_per_turn": config.max_tokens_per_turn,
+                             "passages_per_search": config.passages_per_search,
+                             "max_observation_tokens": config.max_observation_tokens,
+                             "context_length": agent.context_length}
         return out
 
     @app.get("/v1/models")
@@ -143,11 +145,11 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
         req = check_request(parse_request(await _read_json(request, body_limit)), config)
         try:
             ids = await asyncio.to_thread(prompt_ids, agent.tokenizer, req.messages, agent.dialect.name,
-                                          agent.language)
+                                          agent.language, system=agent.system, chat=agent.chat)
         except Exception as exc:  # noqa: BLE001 - text the tokenizer or the chat template refuses is bad input
             raise bad_request(f"the messages cannot be templated and tokenized: {type(exc).__name__}: "
                               f"{str(exc)[:200]}", "messages") from None
-        _check_prompt(len(ids), req, config, agent.context_length)
+        req = _fit_context(len(ids), req, config, agent.context_length)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
 
@@ -160,10 +162,10 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
         except QueueFull as exc:
             raise APIError(429, f"{exc}; the server is at capacity", code="queue_full",
                            headers={"Retry-After": str(exc.retry_after_s)}) from None
-        reply = ReplyIds(model_id)
+        reply = ReplyWriter(model_id, agent.tokenizer, agent.dialect, include_usage=req.include_usage)
         if req.stream:
-            return _JobStream(_stream(agent, req, job, inbox, reply), job)
-        return await _wait(agent, request, job, inbox, reply)
+            return _JobStream(_stream(job, inbox, reply), job)
+        return await _wait(request, job, inbox, reply)
 
     return app
 
@@ -181,15 +183,25 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise bad_request(f"malformed JSON body: {str(exc)[:200] or type(exc).__name__}") from None
 
 
-def _check_prompt(n: int, req: ChatRequest, config: ServerConfig, context_length: int | None) -> None:
+def _fit_context(n: int, req: ChatRequest, config: ServerConfig, context_length: int | None) -> ChatRequest:
+    """The request with its completion budget inside the model's context: the server's default max_tokens is cut
+    to what the context leaves after the ``n`` prompt tokens; a max_tokens the client asked for that does not fit
+    is refused, saying how much fits."""
     if n > config.max_prompt_tokens:
         raise bad_request(f"the conversation is {n} tokens; the limit is {config.max_prompt_tokens}", "messages")
-    if context_length and n + req.sampling.max_tokens > context_length:
+    if not context_length or n + req.sampling.max_tokens <= context_length:
+        return req
+    room = context_length - n
+    if room < 1:
+        raise bad_request(f"the conversation ({n} tokens) fills the model's context of {context_length} tokens: "
+                          "shorten it", "messages")
+    if req.max_tokens_given:
         raise bad_request(f"the conversation ({n} tokens) plus max_tokens ({req.sampling.max_tokens}) exceeds the "
-                          f"model's context of {context_length} tokens", "max_tokens")
+                          f"model's context of {context_length} tokens: ask for at most {room}", "max_tokens")
+    return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
 
 
-async def _wait(agent: ChatAgent, request: Request, job: Job, inbox: asyncio.Queue, reply: ReplyIds):
+async def _wait(request: Request, job: Job, inbox: asyncio.Queue, reply: ReplyWriter):
     """A plain request: wait for the result, cancelling the job if the client goes away meanwhile."""
     while True:
         try:
@@ -200,58 +212,36 @@ async def _wait(agent: ChatAgent, request: Request, job: Job, inbox: asyncio.Que
                 job.cancel()
                 return JSONResponse(APIError(499, "client closed the request").body(), status_code=499)
     if kind == "error":
-        return _failure(job, payload)
-    return JSONResponse(reply.completion(agent.tokenizer, agent.dialect, payload))
+        err = _failure(job, payload)
+        return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(reply.completion(payload))
 
 
-def _failure(job: Job, exc: Exception) -> JSONResponse:
+def _failure(job: Job, exc: Exception) -> APIError:
     if job.cancelled:
-        return JSONResponse(APIError(499, "client closed the request").body(), status_code=499)
-    err = APIError(500, f"the agent failed: {type(exc).__name__}: {str(exc)[:300]}")
-    return JSONResponse(err.body(), status_code=500)
+        return APIError(499, "client closed the request")
+    return APIError(500, f"the agent failed: {type(exc).__name__}: {str(exc)[:300]}")
 
 
-async def _stream(agent: ChatAgent, req: ChatRequest, job: Job, inbox: asyncio.Queue,
-                  reply: ReplyIds) -> AsyncIterator[bytes]:
-    """Server-sent events: role, then reasoning/content deltas and agent events as they come, then the last
-    chunk with finish_reason and the trace, optional usage, and ``[DONE]``."""
-    yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-    turn = TurnText(agent.tokenizer, agent.dialect)
-    while True:
+async def _stream(job: Job, inbox: asyncio.Queue, reply: ReplyWriter) -> AsyncIterator[bytes]:
+    """Server-sent events: the reply's chunks as the engine's output arrives (role first; reasoning and content
+    deltas and agent events; the last chunk with finish_reason and the trace, optional usage), then ``[DONE]``.
+    An engine failure ends the stream with an error object."""
+    yield sse(reply.opening())
+    while not reply.finished:
         items = [await inbox.get()]
         while not inbox.empty():
             items.append(inbox.get_nowait())
         out: list[dict[str, Any]] = []
-        finished = False
+        failed = False
         for kind, payload in items:
-            if kind == "token":
-                out += pieces_to_chunks(reply, turn.token(payload))
-            elif kind == "event":
-                out += pieces_to_chunks(reply, turn.end_turn())
-                out.append(reply.chunk(agent_event=payload))
-            elif kind == "done":
-                out += pieces_to_chunks(reply, turn.end_turn())
-                out += _final_chunks(agent, req, reply, turn, payload)
-                finished = True
-            else:  # error
-                err = _failure(job, payload)
-                out.append(json.loads(err.body))
-                finished = True
+            if kind == "error":
+                out.append(_failure(job, payload).body())
+                failed = True
+                break
+            out += reply.feed(kind, payload)
         if out:
-            yield b"".join(_sse(c) for c in out)
-        if finished:
-            yield b"data: [DONE]\n\n"
-            return
-
-
-def _final_chunks(agent: ChatAgent, req: ChatRequest, reply: ReplyIds, turn: TurnText, t) -> list[dict[str, Any]]:
-    out = []
-    streamed = turn.splitter.content
-    content = reply_content(t, model_turns(agent.tokenizer, t))
-    if not streamed and content:  # no answer tag was streamed: the reply is the last turn (or the answer)
-        out.append(reply.chunk({"content": content}))
-    out.append(reply.chunk(finish_reason=openai_finish_reason(t.finish_reason),
-                           agent_trace=agent_trace(t, turn.splitter.reasoning)))
-    if req.include_usage:
-        out.append(reply.usage_chunk(t))
-    return out
+            yield sse(out)
+        if failed:
+            break
+    yield SSE_DONE

@@ -1,9 +1,13 @@
-"""A finished trajectory -> an OpenAI ``chat.completion``; streamed tokens and events -> ``chat.completion.chunk`` s.
+"""What the client sees of a reply: :class:`ReplyWriter` turns the engine's output into OpenAI shapes, a
+finished trajectory into a ``chat.completion`` and streamed tokens and events into ``chat.completion.chunk`` s
+(server-sent events, :func:`sse`). The text itself comes from one :class:`~.stream.ReplyText` per reply, so both
+modes carry the same fields; the app only passes the engine's output through.
 
 What a reply carries (the same in both modes):
 
 * ``choices[0].message.content``: the agent's final answer (the text inside its answer tag). A model that
-  ends without an answer tag gets the text of its last turn instead.
+  opens an answer tag and never closes it gets the text after the tag; one that writes no answer tag gets the
+  text of its last turn.
 * ``choices[0].message.reasoning_content``: everything else the model wrote (thinking, search queries,
   tags), the field several OpenAI-compatible servers use for reasoning. Retrieved passages are not in it:
   they are the environment's words, summarised in the trace.
@@ -22,62 +26,21 @@ and a top-level ``agent_event``; and a last chunk with ``finish_reason`` and the
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
 
 from ..rollout.protocol import Dialect
-from ..rollout.trajectory import MODEL, Trajectory
-from .stream import AnswerSplitter, IncrementalDecoder
+from ..rollout.trajectory import Trajectory
+from .stream import ReplyText
 
 STOP_REASONS = {"answer", "eos", "cancelled"}
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 def openai_finish_reason(agent_reason: str) -> str:
     return "stop" if agent_reason in STOP_REASONS else "length"
-
-
-class TurnText:
-    """Model tokens -> ``(channel, text)`` pieces, turn by turn (a turn ends when an event arrives)."""
-
-    def __init__(self, tokenizer: Any, dialect: Dialect):
-        self.tokenizer = tokenizer
-        self.splitter = AnswerSplitter(dialect.answer_open, dialect.answer_close)
-        self._decoder = IncrementalDecoder(tokenizer)
-
-    def token(self, token_id: int) -> list[tuple[str, str]]:
-        text = self._decoder.push(token_id)
-        return self.splitter.feed(text) if text else []
-
-    def text(self, text: str) -> list[tuple[str, str]]:
-        return self.splitter.feed(text)
-
-    def end_turn(self) -> list[tuple[str, str]]:
-        pieces = self.splitter.feed(self._decoder.flush()) + self.splitter.end_turn()
-        self._decoder = IncrementalDecoder(self.tokenizer)
-        return pieces
-
-
-def model_turns(tokenizer: Any, t: Trajectory) -> list[str]:
-    """The text of each model turn, in order, without special tokens (as the stream shows it)."""
-    return [tokenizer.decode(t.completion_ids[s.start:s.end], skip_special_tokens=True)
-            for s in t.segments if s.source == MODEL]
-
-
-def split_trajectory(tokenizer: Any, dialect: Dialect, t: Trajectory) -> tuple[str, str, str]:
-    """``(reasoning, streamed_answer, content)``: content is the answer, or the last turn without one."""
-    turns = model_turns(tokenizer, t)
-    tt = TurnText(tokenizer, dialect)
-    for text in turns:
-        tt.text(text)
-        tt.end_turn()
-    return tt.splitter.reasoning, tt.splitter.content, reply_content(t, turns)
-
-
-def reply_content(t: Trajectory, turns: list[str]) -> str:
-    if t.answer is not None:
-        return t.answer
-    return turns[-1].strip() if turns else ""
 
 
 def agent_trace(t: Trajectory, reasoning: str) -> dict[str, Any]:
@@ -91,21 +54,50 @@ def usage(t: Trajectory) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-class ReplyIds:
-    """The id, creation time and model name shared by every chunk of one reply."""
+def sse(chunks: list[dict[str, Any]]) -> bytes:
+    """Server-sent events, one ``data:`` line per chunk."""
+    return b"".join(b"data: " + json.dumps(c, ensure_ascii=False, default=str).encode() + b"\n\n" for c in chunks)
 
-    def __init__(self, model: str):
+
+class ReplyWriter:
+    """One reply. Streamed: :meth:`opening`, then :meth:`feed` with each ``(kind, payload)`` the scheduler sends
+    (``("token", id)``, ``("event", dict)``, at last ``("done", Trajectory)``), each call returning the chunks to
+    send. Whole: :meth:`completion` of the finished trajectory. Every chunk shares the reply's id, time and model."""
+
+    def __init__(self, model: str, tokenizer: Any, dialect: Dialect, *, include_usage: bool = False):
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self.tokenizer, self.dialect, self.include_usage = tokenizer, dialect, include_usage
+        self.text = ReplyText(tokenizer, dialect)
+        self.finished = False
 
-    def completion(self, tokenizer: Any, dialect: Dialect, t: Trajectory) -> dict[str, Any]:
-        reasoning, _, content = split_trajectory(tokenizer, dialect, t)
+    def completion(self, t: Trajectory) -> dict[str, Any]:
+        text = ReplyText.of_trajectory(self.tokenizer, self.dialect, t)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
-                                                     "reasoning_content": reasoning},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text.content,
+                                                     "reasoning_content": text.reasoning},
                              "logprobs": None, "finish_reason": openai_finish_reason(t.finish_reason)}],
-                "usage": usage(t), "agent_trace": agent_trace(t, reasoning)}
+                "usage": usage(t), "agent_trace": agent_trace(t, text.reasoning)}
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self.chunk({"role": "assistant", "content": ""})]
+
+    def feed(self, kind: str, payload: Any) -> list[dict[str, Any]]:
+        if kind == "token":
+            return self._deltas(self.text.token(payload))
+        if kind == "event":  # the model's turn is over: what it wrote is shown before the event
+            return self._deltas(self.text.end_turn()) + [self.chunk(agent_event=payload)]
+        if kind == "done":
+            out = self._deltas(self.text.finish(payload))
+            out.append(self.chunk(finish_reason=openai_finish_reason(payload.finish_reason),
+                                  agent_trace=agent_trace(payload, self.text.reasoning)))
+            if self.include_usage:
+                out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                            "model": self.model, "choices": [], "usage": usage(payload)})
+            self.finished = True
+            return out
+        raise ValueError(f"unknown engine output {kind!r}")
 
     def chunk(self, delta: dict[str, Any] | None = None, finish_reason: str | None = None,
               **extra: Any) -> dict[str, Any]:
@@ -114,19 +106,14 @@ class ReplyIds:
         out.update(extra)
         return out
 
-    def usage_chunk(self, t: Trajectory) -> dict[str, Any]:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(t)}
-
-
-def pieces_to_chunks(ids: ReplyIds, pieces: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Consecutive pieces of one channel become one delta."""
-    out: list[dict[str, Any]] = []
-    for channel, text in pieces:
-        key = "content" if channel == "content" else "reasoning_content"
-        last = out[-1]["choices"][0]["delta"] if out else None
-        if last is not None and key in last:
-            last[key] += text
-        else:
-            out.append(ids.chunk({key: text}))
-    return out
+    def _deltas(self, pieces: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Consecutive pieces of one channel become one delta."""
+        out: list[dict[str, Any]] = []
+        for channel, text in pieces:
+            key = "content" if channel == "content" else "reasoning_content"
+            last = out[-1]["choices"][0]["delta"] if out else None
+            if last is not None and key in last:
+                last[key] += text
+            else:
+                out.append(self.chunk({key: text}))
+        return out

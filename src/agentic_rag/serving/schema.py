@@ -99,6 +99,7 @@ class ChatRequest:
     sampling: Sampling
     stream: bool
     include_usage: bool
+    max_tokens_given: bool = False  # the client asked for max_tokens (else the server's default, cut to fit)
 
     @property
     def question(self) -> str:
@@ -168,7 +169,8 @@ def check_request(req: ChatCompletionRequest, config: ServerConfig) -> ChatReque
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
     return ChatRequest(req.model, messages, Sampling(float(temperature), float(top_p), int(max_tokens)),
-                       req.stream, include_usage)
+                       req.stream, include_usage,
+                       max_tokens_given=req.max_completion_tokens is not None or req.max_tokens is not None)
 
 
 def _check_messages_shape(req: ChatCompletionRequest, config: ServerConfig) -> None:

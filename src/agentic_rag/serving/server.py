@@ -4,8 +4,10 @@
     bash script/run_server.sh            # the same, with .env loaded first
 
 Every flag has an ``AGENTIC_RAG_CHAT_*`` environment variable (``--help`` lists them; ``.env_format``
-documents them). The config is checked as a whole before anything is loaded, so a typo costs no model
-load. One process, one worker: the model and the search index (its JVM) live in this process.
+documents them). A setting set by neither comes from the adapter's ``agentic_rag.json`` when it has one (the
+settings it was trained with; one log line lists them), else from its default. The config is checked as a
+whole before anything is loaded, so a typo costs no model load. One process, one worker: the model and the
+search index (its JVM) live in this process.
 """
 
 from __future__ import annotations
@@ -19,24 +21,36 @@ from ..logs import configure_logging
 from .config import ServerConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chat_server", description="OpenAI-compatible chat server for the search agent.",
-        epilog="Flags default to their AGENTIC_RAG_CHAT_* environment variables (see .env_format).")
-    ServerConfig.add_arguments(parser)
+        epilog="Flags default to their AGENTIC_RAG_CHAT_* environment variables (see .env_format), then to the "
+               "settings saved with the adapter (agentic_rag.json), then to the defaults shown.")
+    ServerConfig.add_arguments(parser, environ)
     parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
                         help="logging level; env AGENTIC_RAG_LOG_LEVEL")
     return parser
 
 
+def resolve_config(argv: list[str] | None = None,
+                   environ: dict[str, str] | None = None) -> tuple[ServerConfig, argparse.Namespace, str | None]:
+    """The config from flags, the environment and the adapter's trained settings, the parsed arguments, and the
+    line saying which settings came from the adapter (None without a settings file)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(environ).parse_args(argv)
+    config, line = ServerConfig.from_args(args).with_trained_settings(ServerConfig.given(argv, environ))
+    return config, args, line
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        config = ServerConfig.from_args(args)
-    except ValueError as exc:  # a malformed environment variable
+        config, args, trained = resolve_config(argv)
+    except ValueError as exc:  # a malformed environment variable or settings file
         print(f"chat_server: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    if trained:
+        logging.getLogger(__name__).info(trained)
     problems = config.problems()
     if problems:
         print("chat_server: invalid configuration:\n  - " + "\n  - ".join(problems), file=sys.stderr)

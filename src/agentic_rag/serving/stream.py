@@ -11,12 +11,20 @@ can arrive split over several deltas, so a suffix that could still become a tag 
 answer's leading and trailing whitespace is dropped as the engine strips it. Running the whole text through
 one splitter or through many small deltas gives the same two strings, which is why a streamed reply and a
 non-streamed one carry the same fields.
+
+:class:`ReplyText` is the one place the engine's output becomes a reply's text: it joins the two per model turn
+(a turn ends when the engine records an event: its search results follow) and settles the reply's ``content``
+when the trajectory ends. The streamed reply feeds it token by token, the non-streamed one a finished
+trajectory's turns (:meth:`ReplyText.of_trajectory`); :mod:`.replies` wraps either in OpenAI's shapes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from ..rollout.protocol import Dialect
+from ..rollout.trajectory import MODEL, Trajectory
 
 REPLACEMENT = "\ufffd"
 
@@ -132,3 +140,61 @@ def split_text(text: str, answer_open: str = "<answer>", answer_close: str = "</
     s.feed(text)
     s.flush()
     return s.reasoning, s.content
+
+
+class ReplyText:
+    """One reply's ``reasoning`` and ``content``: model tokens -> text (:class:`IncrementalDecoder`) -> the two
+    channels (:class:`AnswerSplitter`), turn by turn; every method returns the ``(channel, text)`` pieces that are
+    new to show."""
+
+    def __init__(self, tokenizer: Any, dialect: Dialect):
+        self.tokenizer = tokenizer
+        self.splitter = AnswerSplitter(dialect.answer_open, dialect.answer_close)
+        self._decoder = IncrementalDecoder(tokenizer)
+        self.content = ""  # the reply's content, settled by finish()
+
+    @property
+    def reasoning(self) -> str:
+        return self.splitter.reasoning
+
+    def token(self, token_id: int) -> list[tuple[str, str]]:
+        text = self._decoder.push(token_id)
+        return self.splitter.feed(text) if text else []
+
+    def end_turn(self) -> list[tuple[str, str]]:
+        """The model's turn ended (the engine recorded an event)."""
+        pieces = self.splitter.feed(self._decoder.flush()) + self.splitter.end_turn()
+        self._decoder = IncrementalDecoder(self.tokenizer)
+        return pieces
+
+    def finish(self, t: Trajectory) -> list[tuple[str, str]]:
+        """End the last turn and settle ``content``: the agent's answer; else what the model wrote after an
+        answer tag it never closed (already streamed as content); else its last turn, which is then sent now."""
+        pieces = self.end_turn()
+        streamed = self.splitter.content
+        if t.answer is not None:
+            self.content = t.answer
+        elif streamed:
+            self.content = streamed
+        else:
+            turns = model_turns(self.tokenizer, t)
+            self.content = turns[-1].strip() if turns else ""
+        if not streamed and self.content:
+            pieces.append(("content", self.content))
+        return pieces
+
+    @classmethod
+    def of_trajectory(cls, tokenizer: Any, dialect: Dialect, t: Trajectory) -> ReplyText:
+        """The same text from a finished trajectory (each model turn decoded whole)."""
+        text = cls(tokenizer, dialect)
+        for turn in model_turns(tokenizer, t):
+            text.splitter.feed(turn)
+            text.end_turn()
+        text.finish(t)
+        return text
+
+
+def model_turns(tokenizer: Any, t: Trajectory) -> list[str]:
+    """The text of each model turn, in order, without special tokens (as the stream shows it)."""
+    return [tokenizer.decode(t.completion_ids[s.start:s.end], skip_special_tokens=True)
+            for s in t.segments if s.source == MODEL]

@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start on trajectories (environment tokens masked)")
-    p.add_argument("--model", required=True, help="base model directory or hub name")
+    p.add_argument("--model", required=True, help="base model: a directory, a hub name, a .gguf file or a "
+                                                     "packaged model (smollm2-135m-instruct)")
     p.add_argument("--data", required=True, help="JSONL trajectories (token level or question/completion text)")
     p.add_argument("--out", required=True, help="output directory (LoRA adapter, or full model with --full)")
     p.add_argument("--dialect", default="agentic", choices=["agentic", "search-r1", "r1-searcher"])

@@ -240,9 +240,16 @@ def _config_from_dict(data: dict[str, Any], overrides: dict[str, Any]):
 
 
 def resolve_config(model: str, **overrides: Any):
-    """The transformers config for ``model``: a local model directory or config.json, a built-in name (or the hub id
-    of a built-in), else a Hugging Face hub id (needs network or the local HF cache). ``overrides`` replace config
-    fields before the config is built (e.g. ``num_hidden_layers=2`` for a shrunk copy of a real architecture)."""
+    """The transformers config for ``model``: a local model directory or config.json, a GGUF file or a packaged
+    model's short name (the architecture from the GGUF's metadata, :func:`agentic_rag.models.load_config`), a
+    built-in name (or the hub id of a built-in), else a Hugging Face hub id (needs network or the local HF cache).
+    ``overrides`` replace config fields before the config is built (e.g. ``num_hidden_layers=2`` for a shrunk copy
+    of a real architecture)."""
+    from ..models import PACKAGED_MODELS, load_config, resolve_model
+
+    if resolve_model(model).is_gguf:
+        config = load_config(model)
+        return _config_from_dict(config.to_dict(), overrides) if overrides else config
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -261,12 +268,11 @@ def resolve_config(model: str, **overrides: Any):
         text = resources.files("agentic_rag").joinpath(f"{CONFIG_DIR}/{name}.json").read_text()
         return _config_from_dict(json.loads(text), overrides)
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-        raise ValueError(f"--model {model!r} is neither an existing path, a built-in config ({', '.join(builtins)}) "
-                         "nor a Hugging Face hub id (org/name)")
-    from transformers import AutoConfig
-
+        raise ValueError(f"--model {model!r} is neither an existing path (a model directory, config.json or .gguf "
+                         f"file), a packaged model ({', '.join(PACKAGED_MODELS)}), a built-in config "
+                         f"({', '.join(builtins)}) nor a Hugging Face hub id (org/name)")
     try:
-        return AutoConfig.from_pretrained(model, **overrides)
+        return load_config(model, **overrides)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"could not load the config of {model!r} from the Hugging Face hub (offline, unreachable or "

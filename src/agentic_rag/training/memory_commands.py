@@ -7,15 +7,18 @@ import json
 
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
+    from ..models import PACKAGED_MODELS
     from .memory import EstimateInputs, TrainingSetup, builtin_models, check_fits, estimate, load_arch
 
     if args.list_models:
+        for name, pkg in PACKAGED_MODELS.items():
+            print(f"{name:<24} {pkg.filename} (PyPI {pkg.requirement})")
         for name, hub in builtin_models().items():
-            print(f"{name:<16} {hub}")
+            print(f"{name:<24} {hub}")
         return 0
     if not args.model:
-        raise ValueError("--model is required (a model directory, a config.json, a built-in name or a hub id; "
-                         "--list-models lists the built-in ones)")
+        raise ValueError("--model is required (a model directory, a config.json, a .gguf file, a packaged model, a "
+                         "built-in name or a hub id; --list-models lists the packaged and built-in ones)")
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     setup = TrainingSetup(
         gpus=args.gpus, zero=args.zero, quant=args.quant, double_quant=not args.no_double_quant,
@@ -49,8 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Defaults follow the project's training config, except gradient checkpointing, "
                                    "which the trainer turns on by default and this command only with the flag.")
     p.add_argument("--model", default=None,
-                   help="model directory, config.json, built-in name (--list-models) or Hugging Face hub id")
-    p.add_argument("--list-models", action="store_true", help="list the built-in model configs and exit")
+                   help="model directory, config.json, .gguf file, packaged model (smollm2-135m-instruct), "
+                        "built-in name (--list-models) or Hugging Face hub id")
+    p.add_argument("--list-models", action="store_true",
+                   help="list the packaged models and the built-in model configs and exit")
     p.add_argument("--gpus", type=int, default=1, help="GPUs (data-parallel ranks)")
     p.add_argument("--zero", type=int, default=2, choices=[2, 3], help="DeepSpeed ZeRO stage")
     p.add_argument("--quant", default="none", choices=["none", "nf4", "int8"], help="base weight format")

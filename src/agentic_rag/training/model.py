@@ -1,4 +1,5 @@
-"""Loading the policy for training: the base model (optionally 4-bit NF4), and the LoRA configuration.
+"""Loading the policy for training: the base model (optionally 4-bit NF4), and the LoRA configuration. What a
+model name means (a directory, a hub name, a GGUF file, a packaged model) is :mod:`agentic_rag.models`' to say.
 
 QLoRA: bitsandbytes NF4 with double quantisation and bf16 compute; ``bnb_4bit_quant_storage`` is bf16 so
 DeepSpeed ZeRO-3 can shard the packed 4-bit weights like any bf16 tensor. LoRA adapts every linear layer
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ..models import _hub_hint, torch_dtype
+from ..models import load_pretrained_lm, torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ def keep_4bit_layout_on_cpu(model: torch.nn.Module) -> int:
 
 
 def load_base_model(cfg: ModelConfig, *, device_map: Any = None) -> torch.nn.Module:
-    """The base model to put a LoRA adapter on, in training dtype (or NF4)."""
-    from transformers import AutoModelForCausalLM
-
+    """The base model to put a LoRA adapter on, in training dtype (or NF4): any model name
+    (:func:`agentic_rag.models.resolve_model`: a directory, a hub name, a GGUF file, a packaged model's short
+    name); a GGUF model is dequantized to the training dtype (it cannot be NF4)."""
     kwargs: dict[str, Any] = {"attn_implementation": cfg.attn_implementation}
     if cfg.quantization == "nf4":
         kwargs["quantization_config"] = bnb_config()
@@ -56,10 +57,7 @@ def load_base_model(cfg: ModelConfig, *, device_map: Any = None) -> torch.nn.Mod
         kwargs["dtype"] = torch_dtype(cfg.dtype)
     if device_map is not None:
         kwargs["device_map"] = device_map
-    try:
-        model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise FileNotFoundError(_hub_hint(cfg.name_or_path, exc)) from exc
+    model = load_pretrained_lm(cfg.name_or_path, **kwargs)
     if cfg.quantization == "nf4":
         patched = keep_4bit_layout_on_cpu(model)
         log.info("QLoRA: %d Linear4bit layers in NF4", patched)

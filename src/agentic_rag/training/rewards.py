@@ -33,10 +33,11 @@ log = logging.getLogger(__name__)
 
 Reward = Callable[..., list[float | None]]
 
-METRICS: dict[str, Callable[[str, Sequence[str]], float]] = {
+METRICS: dict[str, Callable[..., float]] = {
     "exact_match": accuracy.exact_match,
     "f1": accuracy.f1_score,
-    "cover_em": accuracy.cover_exact_match,
+    "cover_em": accuracy.cover_exact_match,  # FlashRAG's, for evaluation: the config check warns in training
+    "cover_em_tokens": accuracy.cover_exact_match_tokens,  # cover-EM on tokens: params {max_extra_tokens}
 }
 
 
@@ -55,13 +56,14 @@ class _Named:
 
 
 class MetricReward(_Named):
-    def __init__(self, name: str):
+    def __init__(self, name: str, **params: Any):
         super().__init__(name)
         self.metric = METRICS[name]
+        self.params = params  # keyword settings of the metric (cover_em_tokens: max_extra_tokens)
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
         golds = _answers(kwargs, len(trajectory))
-        return [self.metric(t["answer"], g) if t["answer"] is not None else 0.0
+        return [self.metric(t["answer"], g, **self.params) if t["answer"] is not None else 0.0
                 for t, g in zip(trajectory, golds, strict=True)]
 
 
@@ -103,7 +105,8 @@ class FormatReward(_Named):
 
 
 class RetrievedReward(_Named):
-    """1 when the trajectory retrieved at least one passage (R1-Searcher's stage-1 incentive)."""
+    """1 when the trajectory was shown at least one passage. (R1-Searcher's stage-1 ``R_retrieval`` counts search
+    calls instead, found passages or not: the curriculum reward pays that.)"""
 
     def __init__(self):
         super().__init__("retrieval")
@@ -116,6 +119,12 @@ def retrieved(t: dict[str, Any]) -> bool:
     return any(e.get("type") == "search" and any(r.get("hits") for r in e.get("results", [])) for e in t["events"])
 
 
+def search_calls(t: dict[str, Any]) -> int:
+    """Retrieval calls the searcher ran (``search`` events), whether or not they found anything; a search
+    refused past the limit, with an empty query or whose tool call failed outright is not one."""
+    return sum(1 for e in t["events"] if e.get("type") == "search")
+
+
 class RagasReward(_Named):
     """RAGAS retrieval quality; an LLM metric's failed call falls back to an ID metric and is counted."""
 
@@ -123,6 +132,10 @@ class RagasReward(_Named):
         super().__init__("ragas")
         self.quality = RetrievalQuality(metric, llm, max_concurrency=max_concurrency, fallback=fallback)
         self.fallback_name = fallback
+        from accelerate import PartialState
+
+        if PartialState().is_main_process:  # every process of a launch builds its rewards: one line per run
+            log.info("RAGAS reward: %s", self.quality.describe())
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
         golds = kwargs.get("gold_titles") or [[] for _ in trajectory]
@@ -172,10 +185,14 @@ class JudgeReward(_Named):
 
 
 class CurriculumReward(_Named):
+    """R1-Searcher's two-stage reward (:mod:`agentic_rag.rewards.curriculum`): stage 1 format + retrieval calls,
+    stage 2 the answer's F1 + the format penalty."""
+
     def __init__(self, cfg: ExperimentConfig, eos_tokens: Sequence[str]):
         super().__init__("curriculum")
         c = cfg.curriculum
-        self.curriculum = Curriculum(c.stage2_step, c.retrieval_bonus, c.format_penalty, fixed_stage=c.stage)
+        self.curriculum = Curriculum(c.stage2_step, c.retrieval_bonus, c.format_penalty, fixed_stage=c.stage,
+                                     format_reward=c.format_reward)
         self.format = FormatReward(cfg.rollout.dialect, eos_tokens=eos_tokens)
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
@@ -185,8 +202,7 @@ class CurriculumReward(_Named):
         out = []
         for t, g in zip(trajectory, golds, strict=True):
             report = self.format.report(t)
-            out.append(self.curriculum.reward(step, format_ok=report.ok, format_score=report.score(),
-                                              retrieved=retrieved(t),
+            out.append(self.curriculum.reward(step, format_ok=report.ok, searches=search_calls(t),
                                               answer_f1=accuracy.f1_score(t["answer"], g) if t["answer"] else 0.0))
         log_metric = kwargs.get("log_metric")
         if log_metric is not None:
@@ -212,6 +228,9 @@ def build_rewards(cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> tupl
 
 def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> Reward:
     params = dict(spec.params)
+    if spec.name == "cover_em_tokens":
+        return MetricReward(spec.name, max_extra_tokens=int(params.get("max_extra_tokens",
+                                                                       accuracy.COVER_MAX_EXTRA_TOKENS)))
     if spec.name in METRICS:
         return MetricReward(spec.name)
     if spec.name == "choice":

@@ -11,6 +11,11 @@ Input: a JSONL file of trajectories, one per line, in either form:
 Each example becomes ``input_ids`` plus a ``completion_mask`` that is 1 only on tokens the model wrote, so
 TRL's ``completion_only_loss`` trains on exactly those. Branched trajectories (after a backtrack or
 summary) have no single linear context and are skipped, with a count.
+
+The output directory gets ``agentic_rag.json`` (:mod:`agentic_rag.rollout.trained_settings`) with what SFT knows
+of how the model is to be prompted: the dialect, and, when it built prompts itself (text-level lines), the
+language, system prompt and chat template; a caller that knows more (the prompt of token-level trajectories,
+their rollout limits) passes ``settings``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.prompts import build_prompt
+from ..data.prompts import build_prompt, system_prompt
 from ..rollout.protocol import Dialect, get_dialect
+from ..rollout.trained_settings import TrainedSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +39,7 @@ log = logging.getLogger(__name__)
 class SFTExample:
     input_ids: list[int]
     completion_mask: list[int]  # 1 = the model wrote it: trained on
+    prompt_built: bool = False  # the prompt was built here (a text-level line), with SFT's prompt settings
 
 
 def example_from_tokens(row: dict[str, Any]) -> SFTExample | None:
@@ -68,7 +75,7 @@ def example_from_text(row: dict[str, Any], tokenizer: Any, dialect: Dialect, *, 
     if tokenizer.eos_token_id is not None and row.get("add_eos", True):
         ids.append(tokenizer.eos_token_id)
         mask.append(1)
-    return SFTExample(ids, mask)
+    return SFTExample(ids, mask, prompt_built=True)
 
 
 def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agentic", *, language: str = "en",
@@ -103,25 +110,27 @@ def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agent
 def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
                       chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
                       lora_r: int = 16, lora_alpha: int = 32, full: bool = False, max_length: int = 2048,
-                      seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1):
+                      seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
+                      base_model: Any = None, tokenizer: Any = None):
     """TRL's SFTTrainer on the trajectories of ``data`` (see :func:`run_sft`); returns ``(trainer, examples,
     skipped)``. The dataset carries ``completion_mask``; with ``completion_only_loss`` TRL turns it into labels
-    that are -100 on the prompt and on every environment token."""
+    that are -100 on the prompt and on every environment token. ``base_model`` and ``tokenizer``: ``model``
+    already loaded (:func:`agentic_rag.training.model.load_base_model`, :func:`agentic_rag.models.load_tokenizer`),
+    for a caller that has them (a test, a notebook); with LoRA the adapter is put on ``base_model`` in place."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
     from ..config import ModelConfig
-    from ..models import load_tokenizer, torch_dtype
-    from .model import compact_lm_head_scoring, lora_config
+    from ..models import load_tokenizer
+    from .model import compact_lm_head_scoring, load_base_model, lora_config
 
-    tokenizer = load_tokenizer(model, padding_side="right")
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, padding_side="right")
     examples, skipped = read_examples(data, tokenizer, dialect, language=language, chat=chat)
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "completion_mask": e.completion_mask} for e in examples])
-    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype("auto"))
-    peft = None if full else lora_config(ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha,
-                                                     lora_dropout=0.0))
+    model_cfg = ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0)
+    base = base_model if base_model is not None else load_base_model(model_cfg)
+    peft = None if full else lora_config(model_cfg)
     args = SFTConfig(output_dir=output_dir, num_train_epochs=epochs, learning_rate=learning_rate,
                      per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
                      seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
@@ -134,23 +143,45 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
 def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
             chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
             lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
-            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1) -> dict[str, Any]:
+            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
+            settings: TrainedSettings | None = None) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
-    ``full`` every weight fine-tuned."""
+    ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
+    a GGUF file or a packaged model's short name included; whole models are saved by
+    :func:`agentic_rag.models.save_model`, so a merged GGUF model becomes a plain model directory. ``settings``:
+    what the caller knows of how the trajectories were made (their prompt, rollout limits), saved with the model
+    over what SFT knows itself (:func:`sft_settings`)."""
+    from ..models import save_model
+
     trainer, examples, skipped = build_sft_trainer(
         model=model, data=data, output_dir=output_dir, dialect=dialect, language=language, chat=chat, epochs=epochs,
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
         max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps)
     result = trainer.train()
-    if merge and not full:
-        trainer.model.merge_and_unload().save_pretrained(output_dir)
+    if full:
+        save_model(trainer.model, output_dir)
+    elif merge:
+        save_model(trainer.model.merge_and_unload(), output_dir)
     else:
-        trainer.save_model(output_dir)
+        trainer.save_model(output_dir)  # the LoRA adapter (PEFT)
     trainer.processing_class.save_pretrained(output_dir)
+    sft_settings(trainer.processing_class, examples, dialect, language, chat, settings).write(output_dir)
     summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
                "output_dir": output_dir, "adapter": not full and not merge, "merged": merge and not full,
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
                                                                                           for e in examples)}
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def sft_settings(tokenizer: Any, examples: list[SFTExample], dialect: str, language: str, chat: bool | None,
+                 given: TrainedSettings | None) -> TrainedSettings:
+    """What the saved model must be prompted with, as far as SFT knows it (see the module docstring)."""
+    known: dict[str, Any] = {"dialect": dialect}
+    if any(e.prompt_built for e in examples):
+        known.update(language=language, system_prompt=system_prompt(dialect, language),
+                     chat_template=chat if chat is not None else bool(getattr(tokenizer, "chat_template", None)))
+    if given is not None:
+        known.update(given.known())
+    return TrainedSettings(**known, written_by="sft")

@@ -17,7 +17,9 @@ one process.) The steps:
    on training an existing one (R1-Searcher's stage 2 from the stage-1 adapter);
 6. start SwanLab on the main process (cloud when SWANLAB_API_KEY is set, local otherwise, unless configured);
 7. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
-8. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final.
+8. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final, with the
+   settings it was trained with (``agentic_rag.json``: dialect, prompt, rollout limits; as in every checkpoint),
+   which the chat server and the evaluation runner apply unless told otherwise.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB (the JVM of an in-process Lucene searcher included)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+
+
 def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
     import torch
     from trl import GRPOConfig
@@ -65,7 +74,9 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
         num_generations=a.num_generations, beta=a.beta, epsilon=a.epsilon, num_iterations=a.num_iterations,
         max_completion_length=cfg.rollout.max_completion_tokens, temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
+        # the rollout decodes each process's trajectories on its own: ZeRO-3 must gather the weights for it
+        ds3_gather_for_generation=True, gradient_checkpointing=cfg.model.gradient_checkpointing,
         logging_steps=cfg.logging.logging_steps, save_strategy="steps", save_steps=cfg.checkpoint.save_steps,
         save_total_limit=cfg.checkpoint.save_total_limit, report_to=[] if cfg.logging.swanlab_mode == "disabled"
         else ["swanlab"], run_name=cfg.logging.run_name or None, use_cpu=use_cpu, bf16=bf16,
@@ -100,7 +111,8 @@ def rollout_limits(cfg: ExperimentConfig):
     r = cfg.rollout
     return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
                          max_completion_tokens=r.max_completion_tokens, passages_per_search=r.passages_per_search,
-                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s)
+                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s,
+                         on_search_limit=r.on_search_limit)
 
 
 def policy_model(cfg: ExperimentConfig):
@@ -206,7 +218,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     from ..tools import SearchTool
     from .monitoring import SampleTrajectories, init_swanlab, watch_hint
     from .rewards import build_rewards
-    from .trainer import AgenticGRPOTrainer, latest_complete_checkpoint
+    from .trainer import AgenticGRPOTrainer, latest_complete_checkpoint, trained_settings
 
     state = PartialState()
     set_seed(cfg.seed)
@@ -254,12 +266,14 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     trainer.save_model(str(final))
     if state.is_main_process:
         tokenizer.save_pretrained(str(final))
+        trained_settings(trainer.agent, tokenizer).write(final)
         summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
                    "world_size": state.num_processes, "deepspeed_zero_stage": zero_stage(trainer),
                    "memory_estimate": None if estimated is None else {
                        "gpus": estimated.gpus, "zero": estimated.zero, "max_prompt": estimated.max_prompt,
                        "max_completion": estimated.max_completion, "fits": warning is None},
                    "resumed_from": checkpoint, "adapter": str(final), "swanlab_log_dir": log_dir,
+                   "peak_rss_mb": peak_rss_mb(), "train_runtime_s": result.metrics.get("train_runtime"),
                    "log_history": trainer.state.log_history}
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         print(watch_hint(log_dir), file=sys.stderr)

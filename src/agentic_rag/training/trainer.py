@@ -8,22 +8,49 @@ What it optimises (stated plainly, as every RL recipe should):
   trajectory) have ``env_mask`` 0; tokens the model wrote have 1.
 * **Reward.** The weighted sum of the configured reward functions (each also logged on its own).
 * **Advantage.** ``grpo``: ``(r - mean_group) / std_group``; ``dr_grpo``: ``r - mean_group`` (no scaling);
-  ``dapo``: as grpo, with the upper clip at 1.28 (clip-higher), token-level aggregation and length-truncated
-  trajectories masked; DAPO's dynamic sampling (dropping groups whose rewards are all equal and sampling
-  more) and its overlong reward shaping are **not** implemented: such groups stay in the batch with advantage
-  0. ``reinforce_pp``: REINFORCE++-style ``(r - mean_batch) / std_batch`` over the whole (all-process) batch,
-  no group baseline. A completion every reward function calls not applicable gets advantage 0.
+  ``dapo``: as grpo, with the upper clip at 1.28 (clip-higher), token-level aggregation and truncated
+  trajectories masked (``mask_truncated_completions``). Only the global completion budget
+  (``max_completion_tokens``) truncates; a trajectory that ended on ``turn_token_limit`` (a turn that never closed
+  its tag) ended as on any other limit: it stays in the loss with its reward (usually 0). DAPO's dynamic
+  sampling (dropping groups whose rewards are all equal and sampling more) and its overlong reward shaping are
+  **not** implemented: such groups stay in the batch with advantage 0. These three give one advantage per
+  completion, shared by its model tokens.
+  ``reinforce_pp``: REINFORCE++ (Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning
+  Large Language Models"), one advantage per model token. Each model token gets the reward
+  ``r_t = -beta * KL_t`` with the k1 estimate ``KL_t = log pi_old(y_t) - log pi_ref(y_t)``; the completion's
+  reward is added at its last model token; the return is ``G_t = sum_{s >= t} r_s`` over its model tokens
+  (gamma = 1); the advantage is ``(G_t - mean) / std`` with the mean and the (population) std over all model
+  tokens of the global (all-process) batch. No group baseline. ``reinforce_pp_baseline``: the same, after
+  subtracting from each reward the mean reward of its question's ``num_generations`` completions: the variant
+  R1-Searcher trains with (OpenRLHF's ``reinforce_baseline``). With ``beta = 0`` both reduce to the
+  token-weighted, batch-normalised outcome reward broadcast to the model tokens. Environment tokens get no KL
+  reward, no return and advantage 0. A completion every reward function calls not applicable gets advantage
+  0 (and, in the REINFORCE++ pair, does not count in the mean and std).
 * **Loss.** PPO-style clipped ratio ``min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)`` per model token,
-  plus ``beta * KL`` (the k3 estimator) to the reference policy when ``beta > 0``. With ``beta = 0`` (the
-  default) no reference log-probabilities are computed and no ``kl`` is logged. The reference is the same
-  model with the adapter disabled, or, when training goes on from an existing adapter (``model.adapter``),
-  a frozen copy of that adapter as loaded (TRL's ``ref`` adapter). Aggregation: per sequence then mean
-  (``grpo``), over all tokens of the global batch (``dapo``, ``reinforce_pp``), or by a constant (``dr_grpo``).
+  plus, except for the REINFORCE++ pair, ``beta * KL`` (the k3 estimator) to the reference policy when
+  ``beta > 0``; the REINFORCE++ pair has **no KL term in the loss** (the KL is in the return) and logs its
+  k1 ``kl`` from the return. With ``beta = 0`` (the default) no reference log-probabilities are computed and no
+  ``kl`` is logged. The reference is the same model with the adapter disabled, or, when training goes on from an
+  existing adapter (``model.adapter``), a frozen copy of that adapter as loaded (TRL's ``ref`` adapter).
+  ``pi_old`` is the policy that generated the batch, scored by the trainer's own path (not the rollout's
+  recorded values), so the KL is exactly 0 while the policy equals the reference. Aggregation: per sequence then
+  mean (``grpo``), over all model tokens of the global batch (``dapo``, ``reinforce_pp``,
+  ``reinforce_pp_baseline``), or by a constant (``dr_grpo``).
 * **Masks.** The policy term and the KL term are multiplied by ``completion_mask * env_mask``: an
   environment token never contributes to the loss, the KL or the gradient.
+* **Sampling.** The loss scores tokens with the full-softmax ``log_softmax(logits / temperature)``; top-p < 1,
+  top-k, a repetition penalty or decoding processors make the samples off-policy (the config check and the
+  trainer warn). FSDP, and ZeRO-3 without ``ds3_gather_for_generation``, are refused: processes decode different
+  numbers of steps, which sharded weights cannot serve.
 * **Contexts.** After a backtrack or summary, later tokens were generated without the abandoned text; such
   trajectories are scored with a tree-shaped 4D attention mask and their own position ids, so every token's
-  log-probability is computed under exactly the context it was generated with.
+  log-probability is computed under exactly the context it was generated with. Every scoring pass (old,
+  reference and current policy) gives every row its real position ids (the rollout's: 0 at the first prompt
+  token, not shifted by left padding), so a row's log-probabilities do not depend on what shares its
+  micro-batch. Only sdpa and eager apply the 4D mask, and it replaces a model's sliding-window mask: with a
+  dialect whose backtrack or summary branches contexts, other attention kernels (flash attention) and models
+  with a sliding window are refused before training (:func:`refuse_tree_masks_it_cannot_serve`; the config
+  check refuses them before the model loads).
 """
 
 from __future__ import annotations
@@ -41,22 +68,29 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from ..data.prompts import build_prompt
+from ..data.prompts import build_prompt, system_prompt
 from ..rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams
 from ..rollout.scoring import layout
+from ..rollout.trained_settings import TrainedSettings
 from ..rollout.trajectory import ENV, MODEL, Trajectory
 from .model import compact_lm_head_scoring
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "reinforce_pp")
-LENGTH_ENDINGS = ("turn_token_limit", "max_completion_tokens")
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")
+KL_IN_RETURN = ("reinforce_pp", "reinforce_pp_baseline")  # REINFORCE++: the KL shapes the reward, not the loss
+# The one length cut: the global completion budget. A turn that ran out of tokens (turn_token_limit) without closing its
+# tag ended the trajectory like any other limit: it is closed by an EOS, scored (usually 0) and trained on.
+LENGTH_ENDINGS = ("max_completion_tokens",)
 COMPLETE_MARKER = ".complete"
 
 
 def algorithm_args(name: str, *, epsilon_high: float | None = None,
                    mask_truncated: bool | None = None) -> dict[str, Any]:
-    """GRPOConfig settings of each algorithm (through TRL's own options wherever they exist)."""
+    """GRPOConfig settings of each algorithm (through TRL's own options wherever they exist). The REINFORCE++
+    pair takes TRL's token-level aggregation (``loss_type="dapo"``: the sum over all model tokens of the global
+    batch divided by their count) with the symmetric clip; their advantages are computed by the trainer
+    (:meth:`AgenticGRPOTrainer._reinforce_pp_advantages`), so ``scale_rewards`` does not apply to them."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
     presets = {
@@ -65,6 +99,7 @@ def algorithm_args(name: str, *, epsilon_high: float | None = None,
         "dapo": {"loss_type": "dapo", "scale_rewards": "group", "epsilon_high": 0.28,
                  "mask_truncated_completions": True},
         "reinforce_pp": {"loss_type": "dapo", "scale_rewards": "none"},
+        "reinforce_pp_baseline": {"loss_type": "dapo", "scale_rewards": "none"},
     }
     args = dict(presets[name])
     if epsilon_high is not None:
@@ -72,6 +107,76 @@ def algorithm_args(name: str, *, epsilon_high: float | None = None,
     if mask_truncated is not None:
         args["mask_truncated_completions"] = mask_truncated
     return args
+
+
+def kl_shaped_returns(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
+                      beta: float = 0.0) -> torch.Tensor:
+    """REINFORCE++'s per-token returns ``[B, T]`` (Hu et al. 2025, gamma = 1).
+
+    On every model token (``mask`` 1) the reward is ``r_t = -beta * kl_t``, plus the completion's scalar reward
+    (``rewards[b]``) on its last model token; the return is ``G_t = sum_{s >= t} r_s`` over the model tokens from
+    ``t`` on. Other positions (observations, padding) get no reward and a return of 0. A row without model tokens
+    is all 0. ``kl`` may hold anything at positions outside ``mask``."""
+    m = mask.to(torch.float32)
+    r = torch.zeros_like(m)
+    if kl is not None and beta != 0.0:
+        r = torch.where(m.bool(), -beta * kl.to(torch.float32), r)
+    last = (m * torch.arange(1, m.size(1) + 1, device=m.device)).argmax(dim=1)
+    has = m.sum(dim=1) > 0
+    rows = torch.arange(m.size(0), device=m.device)[has]
+    r[rows, last[has]] += rewards.to(r)[has]
+    return r.flip(1).cumsum(1).flip(1) * m
+
+
+def whiten_over_tokens(values: torch.Tensor, mask: torch.Tensor, reduce=None) -> torch.Tensor:
+    """``(values - mean) / std`` with the mean and the (population) variance taken over the tokens where ``mask`` is
+    1, the variance floored at 1e-8; 0 elsewhere. ``reduce`` sums a tensor over all processes (the statistics are
+    the global batch's); None for one process."""
+    m = mask.to(values.dtype)
+    stats = torch.stack([(values * m).sum(), m.sum()])
+    if reduce is not None:
+        stats = reduce(stats)
+    count = stats[1].clamp(min=1.0)
+    mean = stats[0] / count
+    squares = ((values - mean).pow(2) * m).sum()
+    if reduce is not None:
+        squares = reduce(squares)
+    return (values - mean) * (squares / count).clamp(min=1e-8).rsqrt() * m
+
+
+def refuse_unsupported_launch(args: Any, env: Any = None) -> None:
+    """Raise before DeepSpeed starts when the launch is one the rollout would hang under (FSDP, or ZeRO-3 with
+    ``args.ds3_gather_for_generation`` false; see :func:`agentic_rag.config.launch_problems`). ``args`` is the
+    GRPOConfig: its DeepSpeed plugin knows the ZeRO stage; ``env`` (default: the process environment) the launch."""
+    from ..config import launch_from_env, launch_problems
+
+    launch = launch_from_env(os.environ if env is None else env)
+    plugin = getattr(args, "deepspeed_plugin", None)
+    stage = int(plugin.zero_stage) if plugin is not None else launch["zero_stage"]
+    fsdp = bool(getattr(args, "fsdp", None)) or launch["fsdp"]
+    problems = launch_problems(zero_stage=stage, fsdp=fsdp, ds3_gather_for_generation=args.ds3_gather_for_generation)
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def refuse_tree_masks_it_cannot_serve(model: Any, dialect: str, summary_mode: str) -> None:
+    """Raise before training when ``dialect`` can branch a trajectory's context (backtrack; summary under
+    ``summary_mode`` replace) and ``model`` cannot be scored with the tree-shaped 4D mask such a trajectory needs:
+    an attention kernel other than sdpa or eager (flash attention reads the mask as a 2D padding mask), or layers
+    that slide over a window the context can outgrow (the mask replaces the window). The config check refuses the
+    same before the model loads, where it can read the model's config.json (:func:`agentic_rag.config.
+    tree_mask_problems`); this covers every other model (a hub download, a GGUF file, a model built in code)."""
+    from ..config import branching_actions, tree_mask_problems
+
+    actions = branching_actions(dialect, summary_mode)
+    config = getattr(model, "config", None)
+    if not actions or config is None:
+        return
+    problems = tree_mask_problems(memory=f"dialect {dialect}'s {' and '.join(actions)}",
+                                  attn_implementation=getattr(config, "_attn_implementation", None),
+                                  model_config=config.to_dict(), model_name=getattr(config, "name_or_path", ""))
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -89,6 +194,17 @@ class AgentSettings:
     processors: list  # decoding constraints for the rollout policy (see HFPolicy)
     system: str | None = None  # replaces the dialect's system prompt
     shuffle_rewards: bool = False  # the shuffled-reward control (see _calculate_rewards)
+
+
+def trained_settings(agent: AgentSettings, tokenizer: Any) -> TrainedSettings:
+    """What a saved adapter must be served and evaluated with: the prompt exactly as the rollouts built it (the
+    system prompt written out, the chat template resolved as :func:`build_prompt` resolves ``chat=None``) and
+    the rollout limits."""
+    chat = agent.chat if agent.chat is not None else bool(getattr(tokenizer, "chat_template", None))
+    system = agent.system if agent.system is not None else system_prompt(agent.dialect, agent.language)
+    return TrainedSettings.from_limits(agent.limits, dialect=agent.dialect, language=agent.language,
+                                       system_prompt=system, chat_template=chat, summary_mode=agent.summary_mode,
+                                       written_by="grpo")
 
 
 @dataclass
@@ -113,11 +229,18 @@ class TreeLayout:
         return positions, allowed
 
 
+def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of ordinary rows (``[..., L]``, any device): each real token's index among its row's real
+    tokens, as the rollout fed it (0 at the first prompt token, whatever the left padding); padding gets 0, or
+    the last real position when it follows real tokens."""
+    return (torch.cumsum(attention_mask.long(), -1) - 1).clamp(min=0)
+
+
 def linear_tensors(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same tensors for an ordinary row: causal over its real tokens."""
     n = attention_mask.shape[0]
     real = attention_mask.bool().cpu()
-    positions = (torch.cumsum(real.long(), 0) - 1).clamp(min=0)
+    positions = real_positions(real)
     allowed = torch.tril(torch.ones(n, n, dtype=torch.bool)) & real[None, :] & real[:, None]
     allowed |= torch.eye(n, dtype=torch.bool)
     return positions, allowed
@@ -133,6 +256,12 @@ class AgenticGRPOTrainer(GRPOTrainer):
                  shuffle_rewards: bool = False, peft_config=None, callbacks=None):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        refuse_unsupported_launch(args)
+        refuse_tree_masks_it_cannot_serve(model, dialect, summary_mode)
+        if processors:
+            log.warning("%d decoding processor(s) shape what the rollouts sample, but the loss scores tokens with "
+                        "full-softmax log-probabilities: the samples are off-policy and the importance ratio (and "
+                        "the KL) is biased. Pass no processors for on-policy training.", len(processors))
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         limits = limits or RolloutLimits(max_completion_tokens=args.max_completion_length or 1024)
         if args.max_completion_length and limits.max_completion_tokens > args.max_completion_length:
@@ -183,8 +312,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
         eos = tok.eos_token_id
         for t in trajs:
-            # A trajectory that ended on its own (answer, EOS, or a behavioural limit) is closed by an
-            # end-of-sequence token from the environment, so TRL counts only length cuts as truncated.
+            # A trajectory that ended on its own (answer, EOS, or a behavioural limit, turn_token_limit included) is
+            # closed by an end-of-sequence token from the environment, so TRL counts only the completion budget as a
+            # length cut (mask_truncated_completions). There is room: turn_token_limit leaves budget unspent.
             if t.finish_reason not in LENGTH_ENDINGS and (not t.completion_ids or t.completion_ids[-1] != eos):
                 t.append([eos], ENV)
         self._last_trajectories = trajs
@@ -242,37 +372,95 @@ class AgenticGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         try:
             output = super()._generate_and_score_completions(inputs)
+            if self.agent.algorithm in KL_IN_RETURN:  # while the rows' layouts are still set (old log-probs)
+                output["advantages"] = self._reinforce_pp_output(output)
         finally:
             layouts, self._active_layouts = self._active_layouts, None
             self._active_env = None
         output["agentic_layout"] = layouts if layouts is not None else [None] * len(output["advantages"])
-        if self.agent.algorithm == "reinforce_pp" and self._rewards_per_func is not None:
-            weights = self.reward_weights.to(self._rewards_per_func.device)
-            total = (self._rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-            unscorable = torch.isnan(self._rewards_per_func).all(dim=1)
-            valid = total[~unscorable]
-            std = valid.std() if valid.numel() > 1 else torch.tensor(0.0, device=total.device)
-            adv = (total - valid.mean()) / (std + 1e-4) if valid.numel() else torch.zeros_like(total)
-            adv[unscorable] = 0.0
-            n = len(output["advantages"])
-            start = self.accelerator.process_index * n
-            output["advantages"] = adv[start:start + n].to(output["advantages"].device)
         return output
+
+    def _reinforce_pp_output(self, output: dict[str, Any]) -> torch.Tensor:
+        """The REINFORCE++ advantages ``[B, T]`` of a scored generation batch (see the module docstring).
+
+        The outcome reward is the weighted sum of the reward functions (NaN when every one is not applicable).
+        With ``beta > 0`` the KL is ``log pi_old - log pi_ref`` per model token: TRL computed the reference
+        log-probabilities (it does whenever ``beta != 0``), and the old policy's are TRL's when it computed them,
+        else scored here, once, by the same path and weights that generated the batch. Logs ``kl``: the mean k1
+        KL over the model tokens of the global batch."""
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        per_func = self._rewards_per_func
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        kl = None
+        if self.beta != 0.0:
+            old = output.get("old_per_token_logps")
+            if old is None:
+                old = self._policy_logps(output)
+            kl = torch.where(mask.bool(), old - output["ref_per_token_logps"], 0.0)
+            stats = self.accelerator.reduce(torch.stack([kl.sum(), mask.sum().to(kl.dtype)]), reduction="sum")
+            self._metrics[mode]["kl"].append((stats[0] / stats[1].clamp(min=1.0)).item())
+        return self._reinforce_pp_advantages(rewards, mask, kl, group)
+
+    def _policy_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        """Per-token log-probabilities of the batch under the current (= old: it just generated it) policy, scored
+        as TRL scores the reference (no gradient, gradient checkpointing off)."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        batch = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, attention,
+                                                                  output["completion_ids"].size(1), batch_size=batch)
+        return logps
+
+    def _reinforce_pp_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None,
+                                 group_size: int) -> torch.Tensor:
+        """Per-token advantages ``[B, T]`` of this process's rows.
+
+        ``rewards``: the outcome reward of every completion of the global batch, in TRL's gathered order (groups
+        of ``group_size`` consecutive completions; NaN: unscorable); ``mask``: this process's model tokens
+        ``[B, T]``; ``kl``: ``log pi_old - log pi_ref`` there, or None. ``reinforce_pp_baseline`` first subtracts
+        each group's mean reward; then :func:`kl_shaped_returns` with ``self.beta`` and :func:`whiten_over_tokens`
+        over the model tokens of all processes. An unscorable completion gets 0 and does not count."""
+        rewards = rewards.to(torch.float32)
+        if self.agent.algorithm == "reinforce_pp_baseline":
+            groups = rewards.view(-1, group_size)
+            rewards = (groups - torch.nanmean(groups, dim=1, keepdim=True)).view(-1)
+        start = self.accelerator.process_index * mask.size(0)
+        local = rewards[start:start + mask.size(0)].to(mask.device)
+        mask = mask * ~torch.isnan(local)[:, None]
+        returns = kl_shaped_returns(local.nan_to_num(0.0), mask, kl, self.beta)
+        return whiten_over_tokens(returns, mask, reduce=lambda t: self.accelerator.reduce(t, reduction="sum"))
 
     # --------------------------------------------------------------------------------------- scoring
 
     def _compute_loss(self, model, inputs):
         self._active_layouts = inputs.get("agentic_layout")
         self._active_env = inputs.get("tool_mask")
+        beta = self.beta
+        if self.agent.algorithm in KL_IN_RETURN:
+            # REINFORCE++: the KL is in the advantages already; TRL would add beta * KL (k3) to the loss. beta stays
+            # set outside the loss, so TRL keeps the reference and computes its log-probabilities for the return.
+            self.beta = 0.0
         try:
             return super()._compute_loss(model, inputs)
         finally:
+            self.beta = beta
             self._active_layouts, self._active_env = None, None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
-        """TRL's scoring, with two differences. Branched trajectories (backtrack, summary) get a tree-shaped 4D
-        mask and their own position ids. And environment tokens are not scored: their labels are -100, so the
+        """TRL's scoring, with three differences. Every row gets explicit, real position ids
+        (:func:`real_positions`), so the old, reference and current log-probabilities of a row are the same
+        function of its tokens whatever shares its micro-batch. Branched trajectories (backtrack, summary) get a
+        tree-shaped 4D mask and the tree's position ids (the plain rows beside them keep theirs). And environment
+        tokens are not scored: their labels are -100, so the
         fused LM head, which projects only labelled positions, skips them; they still pass through the
         backbone as context. Their log-probability (and entropy) comes back as 0 and is masked out of the
         loss, the KL and the metrics by ``completion_mask * env_mask`` anyway; an observation-heavy
@@ -294,7 +482,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
             labels[:, :-logits_to_keep] = -100
             if env is not None:
                 labels[:, -logits_to_keep:] = labels[:, -logits_to_keep:].masked_fill(env[start:end] == 0, -100)
-            kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+            # the real position ids always: TRL's default (the model's arange over the padded row) would shift a
+            # left-padded row, and differently from the tree path its micro-batch may take
+            kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "position_ids": real_positions(mask)}
             if layouts is not None and any(layouts[start:end]):
                 kwargs.update(self._tree_inputs(model, layouts[start:end], attention_mask[start:end], prompt_width,
                                                 logits_to_keep))
@@ -355,7 +545,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
         Transformers deletes old checkpoints (``save_total_limit``) at the end of its save, before we could mark
         the new one complete: a kill in between would leave no complete checkpoint at all with a limit of 1. So
         the save runs with rotation off; once every process has written its part the marker goes in, and only
-        then are old checkpoints deleted, counting complete ones only (:func:`rotate_checkpoints`)."""
+        then are old checkpoints deleted, counting complete ones only (:func:`rotate_checkpoints`). The adapter's
+        rollout settings (:func:`trained_settings`) are written into the checkpoint before its marker."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         limit = self.args.save_total_limit
@@ -367,7 +558,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             run_dir = Path(self._get_output_dir(trial=trial))
-            write_marker(run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            checkpoint = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            trained_settings(self.agent, self.processing_class).write(checkpoint)
+            write_marker(checkpoint)
             rotate_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
 

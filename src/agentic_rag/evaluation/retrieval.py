@@ -3,6 +3,9 @@
 For each k: ``all`` (every gold title found: what a multi-hop question needs), ``any`` (at least one) and
 ``mean_fraction`` (the fraction of gold titles found, averaged over questions). Titles are compared
 after Unicode NFC normalisation, case folding and whitespace collapsing.
+
+It joins question files (:mod:`agentic_rag.data.questions`) with any ``Searcher``, so it lives here, above
+both, and the search layer imports nothing from data. The commands are in :mod:`.retrieval_commands`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..data.questions import QARow
-from .types import Searcher
+from ..search.types import Searcher
 
 
 def normalize_title(title: str) -> str:

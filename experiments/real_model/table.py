@@ -1,0 +1,122 @@
+"""Agentic RAG-R1's results table for the real model: before fine-tuning, before fine-tuning with search, and
+after fine-tuning with search (SFT, then SFT + GRPO), on the quick start world's held-out questions and on
+2WikiMultiHopQA dev questions over the real 2Wiki corpus (BM25). Greedy decoding; EM, F1 and format rate.
+
+    python experiments/real_model/table.py --quickstart outputs/quickstart [--seed 0] [--limit-2wiki 200]
+
+Reads the quick start's outputs (its world, index, SFT adapter and the seed's GRPO adapter); builds the 2Wiki
+BM25 index under outputs/indexes/2wiki when missing. Every fine-tuned row runs with the rollout settings it was
+trained with (the quick start's training config: chat template, one-line system prompt, one passage per search,
+64 observation tokens); the "before fine-tuning" rows use the dialect's full instructions, which explain the
+tags, since the untuned model has never seen the one-line prompt. Writes ``table.json`` and ``table.md`` next to
+this file (or ``--record DIR``); evaluations are resumable under OUT/eval_table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CLOSED_BOOK_PROMPT = ("Answer the question. Give the final answer, a short phrase, once inside <answer> </answer>, "
+                      "and write nothing after it.")
+
+
+def rows_for(qs: Path, seed: int) -> list[dict[str, Any]]:
+    from agentic_rag.demo.quickstart import REAL_MODEL, SYSTEM_PROMPT
+
+    return [
+        {"name": "before fine-tuning (no search)", "model": REAL_MODEL, "adapter": "", "index": "none",
+         "system_prompt": CLOSED_BOOK_PROMPT, "trained_limits": False},
+        {"name": "before fine-tuning, with search", "model": REAL_MODEL, "adapter": "", "index": None,
+         "system_prompt": "", "trained_limits": False},
+        {"name": "after SFT, with search", "model": REAL_MODEL, "adapter": str(qs / "sft"), "index": None,
+         "system_prompt": SYSTEM_PROMPT, "trained_limits": True},
+        {"name": f"after SFT + GRPO (seed {seed}), with search", "model": REAL_MODEL,
+         "adapter": str(qs / "runs" / f"seed{seed}-grpo" / "final"), "index": None,
+         "system_prompt": SYSTEM_PROMPT, "trained_limits": True},
+    ]
+
+
+def evaluate(row: dict[str, Any], *, dataset: Path, limit: int | None, index: Path, out: Path) -> dict[str, Any]:
+    from agentic_rag.config import load_config
+    from agentic_rag.demo.quickstart import REAL_CONFIG
+    from agentic_rag.evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
+    from agentic_rag.evaluation.runner import run_evaluation
+    from agentic_rag.training.train import rollout_limits
+
+    lim = rollout_limits(load_config(REAL_CONFIG, env={}, check_files=False))
+    if row["trained_limits"]:
+        rollout = RolloutSection(system_prompt=row["system_prompt"], chat_template=True, max_turns=lim.max_turns,
+                                 max_searches=lim.max_searches, max_tokens_per_turn=lim.max_tokens_per_turn,
+                                 max_completion_tokens=lim.max_completion_tokens,
+                                 max_observation_tokens=lim.max_observation_tokens, batch_size=32)
+        k = lim.passages_per_search
+    else:  # the untuned model: room to write, three passages a search (the evaluation defaults, shortened)
+        rollout = RolloutSection(system_prompt=row["system_prompt"], chat_template=True, max_turns=4, max_searches=3,
+                                 max_tokens_per_turn=128, max_completion_tokens=768, max_observation_tokens=256,
+                                 batch_size=32)
+        k = 3
+    cfg = EvalConfig(name=out.name, dataset=DatasetSection(path=str(dataset), limit=limit),
+                     policy=PolicySection(type="local", model=row["model"], adapter=row["adapter"], temperature=0.0,
+                                          device="cpu"),
+                     search=SearchSection(index=row["index"] or str(index), k=k),
+                     rollout=rollout, metrics=["em", "f1", "format"], output_dir=str(out), seed=0)
+    summary = run_evaluation(cfg, progress=False)
+    m = summary["metrics"]
+    return {"em": m["em"], "f1": m["f1"], "format": m["format"], "searches": summary["searches_per_question"],
+            "n": summary.get("n", summary.get("questions"))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quickstart", default="outputs/quickstart", help="the quick start's output directory")
+    ap.add_argument("--seed", type=int, default=0, help="the GRPO seed whose adapter is the last row")
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"), help="the shared data directory")
+    ap.add_argument("--limit-2wiki", type=int, default=200, help="2Wiki dev questions (the first N of 500)")
+    ap.add_argument("--record", default=str(Path(__file__).parent), help="where table.json / table.md go")
+    args = ap.parse_args(argv)
+    from agentic_rag.logs import configure_logging
+    from agentic_rag.search.build import build_index
+
+    configure_logging("WARNING")
+    qs = Path(args.quickstart).resolve()
+    data = Path(args.data)
+    wiki_index = ROOT / "outputs" / "indexes" / "2wiki"
+    build_index(data / "hipporag" / "2wikimultihopqa_corpus.json", wiki_index, bm25=True, progress=False)
+    datasets = {"world held-out": (qs / "world" / "test.jsonl", None, qs / "index"),
+                "2WikiMultiHopQA dev": (data / "tts-project" / "2wikimultihopqa_dev500.json", args.limit_2wiki,
+                                        wiki_index)}
+    results: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    for row in rows_for(qs, args.seed):
+        results[row["name"]] = {}
+        for ds, (path, limit, index) in datasets.items():
+            tag = f"{ds.split()[0].lower()}-{rows_for(qs, args.seed).index(row)}"
+            t = time.perf_counter()
+            results[row["name"]][ds] = evaluate(row, dataset=path, limit=limit, index=index,
+                                                out=qs / "eval_table" / tag)
+            r = results[row["name"]][ds]
+            print(f"{row['name']:<42} {ds:<20} EM {r['em']:.3f} F1 {r['f1']:.3f} format {r['format']:.3f} "
+                  f"searches {r['searches']:.2f} ({time.perf_counter() - t:.0f} s)", flush=True)
+    lines = ["| model | " + " | ".join(f"{ds} EM | F1 | format" for ds in datasets) + " |",
+             "|---|" + "---|---|---|" * len(datasets)]
+    for name, per in results.items():
+        lines.append(f"| {name} | " + " | ".join(f"{per[ds]['em']:.3f} | {per[ds]['f1']:.3f} | {per[ds]['format']:.3f}"
+                                                  for ds in datasets) + " |")
+    record = Path(args.record)
+    record.mkdir(parents=True, exist_ok=True)
+    (record / "table.json").write_text(json.dumps({"results": results, "limit_2wiki": args.limit_2wiki,
+                                                   "seed": args.seed, "wall_s": time.perf_counter() - started},
+                                                  indent=1) + "\n")
+    (record / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

