@@ -300,6 +300,21 @@ def test_default_sampling_warns_nothing_and_only_the_main_process_warns(good, ca
         assert len(_warnings(caplog)) == 2
 
 
+def test_the_repetition_penalty_is_explained_once_per_run_not_again_by_every_rollout(good, caplog, tiny_model_dir):
+    from agentic_rag.models import load_causal_lm, load_tokenizer
+    from agentic_rag.rollout import HFPolicy, SamplingParams
+
+    model, tok = load_causal_lm(str(tiny_model_dir), device="cpu"), load_tokenizer(str(tiny_model_dir))
+    with caplog.at_level(logging.WARNING):
+        for rank in ("0", "1"):  # the main process warns; every process's rollout stays quiet
+            config_from_dict({**good, "rollout": {"repetition_penalty": 1.37}}, env={"RANK": rank})
+            HFPolicy(model, tok, SamplingParams(repetition_penalty=1.37)).open_session([])
+        # without a config check in front of it, the policy still says it (library use)
+        HFPolicy(model, tok, SamplingParams(repetition_penalty=1.41)).open_session([])
+    found = _warnings(caplog)
+    assert sum("1.37" in w for w in found) == 1 and sum("repetition_penalty=1.41" in w for w in found) == 1, found
+
+
 def test_sampling_settings_reach_the_trainer(good):
     from agentic_rag.training.train import grpo_args
 

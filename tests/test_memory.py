@@ -191,6 +191,10 @@ def test_zero3_gather_for_generation_puts_the_whole_model_on_each_gpu():
         full_weights + est.trainable_params * 2, rel=1e-6)
     layered = estimate("qwen2.5-32b", replace(setup, ds3_gather_for_generation=False))
     assert layered.phases["generation"] < est.phases["generation"]
+    # ... but no suggestion turns gathering off: the rollout would hang without it, and the config check refuses it
+    from agentic_rag.training.memory import _alternatives
+
+    assert all(alt.ds3_gather_for_generation for _, alt in _alternatives(setup))
 
 
 def test_setup_problems_are_reported_together():

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from agentic_rag.data.prompts import build_prompt
+from agentic_rag.rewards.format import check_format
 from agentic_rag.rollout import AgentRollout, RolloutLimits
+from agentic_rag.rollout.protocol import get_dialect
 from agentic_rag.rollout.scoring import completion_logprobs
 from agentic_rag.rollout.scripted import ScriptedPolicy
-from agentic_rag.rollout.trajectory import ENV
+from agentic_rag.rollout.trajectory import ENV, MODEL
 from agentic_rag.search import Hit
 from test_rollout import FakeSearcher, ForcedHFPolicy, prompts
 
@@ -180,6 +182,14 @@ def test_search_past_the_limit_is_told_and_can_answer(qwen_tokenizer):
     assert set(t.env_mask[seg.start:seg.end]) == {0}
     assert tok.decode(t.completion_ids[seg.start:seg.end]) == notice
     assert [e["queries"] for e in t.events if e["type"] == "search"] == [["q1"], ["q2"]]
+    # the refused search still costs the format reward: it was out of bounds, however well the answer came out
+    model_text = "".join(tok.decode(t.completion_ids[s.start:s.end]) for s in t.segments if s.source == MODEL)
+    report = check_format(model_text, t.events, t.finish_reason, get_dialect("agentic"))
+    assert report.violations == {"searches_in_bounds": "searched past max_searches"}
+    within, _, _ = play(tok, [S("q1"), S("q2"), "<answer>a</answer>"], limits)
+    model_text = "".join(tok.decode(within.completion_ids[s.start:s.end]) for s in within.segments
+                         if s.source == MODEL)
+    assert check_format(model_text, within.events, within.finish_reason, get_dialect("agentic")).ok
 
 
 def test_search_limit_can_still_end_the_trajectory(qwen_tokenizer):

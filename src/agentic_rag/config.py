@@ -761,6 +761,10 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config", env: Mappi
             log.warning(warning)
         for warning in cfg.reward_warnings():
             log.warning(warning)
+    if cfg.rollout.repetition_penalty != 1:  # said above, once per run: the rollout's policy need not say it again
+        from .rollout.policy import repetition_penalty_warned
+
+        repetition_penalty_warned(cfg.rollout.repetition_penalty)
     return cfg
 
 

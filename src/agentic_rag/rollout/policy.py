@@ -26,6 +26,12 @@ from .decoding import STOP_EOS, STOP_LENGTH, DecodeSession, Generation, Processo
 log = logging.getLogger(__name__)
 _warned_penalties: set[float] = set()  # warn once per process and value, not at every rollout step
 
+
+def repetition_penalty_warned(penalty: float) -> None:
+    """Record that ``penalty``'s off-policy sampling was already explained (the training config check says it
+    once per run), so the policy does not say it again in every process."""
+    _warned_penalties.add(penalty)
+
 __all__ = ["STOP_EOS", "STOP_LENGTH", "Generation", "HFPolicy", "Policy", "SamplingParams", "per_sequence_budgets"]
 
 

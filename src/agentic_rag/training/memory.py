@@ -726,9 +726,7 @@ def _alternatives(setup: TrainingSetup) -> list[tuple[str, TrainingSetup]]:
     if s.gpus > 1 and s.zero != 3:
         alts.append(("DeepSpeed ZeRO-3 (shards the weights)", replace(s, zero=3)))
     alts.append((f"{s.gpus * 2} GPUs with ZeRO-3", replace(s, gpus=s.gpus * 2, zero=3)))
-    if s.zero == 3 and s.gpus > 1 and s.ds3_gather_for_generation:
-        alts.append(("ZeRO-3 without gathering the whole model for generation (ds3_gather_for_generation=False, "
-                     "slower rollouts)", replace(s, ds3_gather_for_generation=False)))
+    # never ds3_gather_for_generation=False: the rollout would hang under it (config.launch_problems refuses it)
     if not s.gradient_checkpointing:
         alts.append(("gradient checkpointing", replace(s, gradient_checkpointing=True)))
     m = s.completions_per_step
