@@ -98,6 +98,10 @@ EVERY_RULE = [
     ({"algorithm": {"epsilon": 0}}, "algorithm.epsilon (the clip range below 1) must be in (0, 1), got 0.0"),
     ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high (the clip range above 1) must be > 0, or unset"),
     ({"algorithm": {"max_grad_norm": -1}}, "algorithm.max_grad_norm must be >= 0 (0 = no clipping), got -1.0"),
+    ({"algorithm": {"scale_rewards": "grup"}},
+     "algorithm.scale_rewards must be one of group, batch, none; got 'grup' (did you mean 'group'?)"),
+    ({"algorithm": {"name": "reinforce_pp", "scale_rewards": "none"}},
+     "algorithm.scale_rewards does not apply to reinforce_pp"),
     ({"data": {"train_file": ""}}, "data.train_file is empty: point it at a question file"),
     ({"judge": {"fallback": "judge"}},
      "judge.fallback must be one of exact_match, f1, cover_em, cover_em_tokens; got 'judge'"),
@@ -429,3 +433,11 @@ def test_a_cached_hub_model_config_is_read_without_the_network(tmp_path):
     assert local_model_config("org/not-downloaded", cache_dir=str(tmp_path)) is None
     assert local_model_config(str(snapshot)) == {"sliding_window": 8}  # a local directory
     assert local_model_config(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("name, scale, expected", [("grpo", None, "group"), ("grpo", "none", "none"),
+                                                   ("dr_grpo", None, "none"), ("dapo", "batch", "batch")])
+def test_scale_rewards_reaches_trls_config(name, scale, expected):
+    from agentic_rag.training.trainer import algorithm_args
+
+    assert algorithm_args(name, scale_rewards=scale)["scale_rewards"] == expected

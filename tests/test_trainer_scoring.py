@@ -62,9 +62,12 @@ def test_a_plain_row_scores_the_same_alone_and_beside_a_branched_row(tiny_model_
 
     assert len(calls) == 4
     assert all(call.get("position_ids") is not None for call in calls), [sorted(c) for c in calls]
-    real = mask[1].bool()
-    expected = torch.arange(int(real.sum()))
-    for call, row in ((calls[1], 0), (calls[2], 1), (calls[3], 0)):  # the plain row in each call
+    expected = torch.arange(int(mask[1].sum()))
+    # the plain row in each call; each call holds only its micro-batch's used columns (trainer.used_columns)
+    for call, row, rows in ((calls[1], 0, slice(1, 2)), (calls[2], 1, slice(0, 2)), (calls[3], 0, slice(1, 2))):
+        first, last = trainer_module.used_columns(mask[rows], mask.size(1) - C)
+        assert call["input_ids"].size(1) == last - first
+        real = mask[1, first:last].bool()
         assert torch.equal(call["position_ids"][row][real].cpu(), expected)
     assert calls[1]["attention_mask"].dim() == 2 and calls[2]["attention_mask"].dim() == 4
     n = len(trajs[1].completion_ids)
@@ -196,3 +199,80 @@ def test_the_rollout_and_the_config_check_name_the_same_tree_mask_kernels():
     from agentic_rag.rollout.scoring import TREE_MASK_ATTENTION as SCORED
 
     assert set(CHECKED) == set(SCORED)
+
+
+# ------------------------------------------------------------------- micro-batches dealt by length
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "dr_grpo"])
+def test_rows_dealt_by_length_keep_each_optimizer_steps_rows_and_gradient(
+        tiny_model_dir, world_dir, tmp_path, monkeypatch, algorithm):
+    """group_by_length re-deals an optimizer step's rows shortest first; each step keeps exactly its rows, and the
+    gradient summed over its micro-batches is the one TRL's own order gives, for every order-neutral loss. Each
+    micro-batch then reaches the model no wider than its own longest row."""
+    from trl.trainer.utils import split_tensor_dict
+
+    scripts = {"Long?": ["<search>alpha</search>", "<search>beta</search>", "<search>gamma</search>",
+                         "<answer>l</answer>"],
+               "Short?": ["<answer>s</answer>"],
+               "Mid?": ["<search>alpha</search>", "<answer>m</answer>"],
+               "Tiny?": ["<answer>t</answer>"]}
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, algorithm=algorithm,
+                           rows=[{"prompt": q, "answers": ["x"]} for q in scripts])
+    assert algorithm in trainer_module.ORDER_NEUTRAL_LOSSES
+    out = _score_generation(monkeypatch, trainer, scripts)  # 8 rows: two per question, in script order
+    out["advantages"] = torch.randn(8, generator=torch.Generator().manual_seed(0))  # any advantages will do
+    batches = split_tensor_dict(out, 4)  # TRL's split: micro-batches of 2
+    dealt = trainer_module.group_by_length(batches, 2)  # two optimizer steps of two micro-batches each
+    assert [len(b["completion_ids"]) for b in dealt] == [2, 2, 2, 2]
+
+    def rows(group):
+        return sorted(tuple(r[m.bool()].tolist()) for b in group for r, m in zip(b["completion_ids"],
+                                                                              b["completion_mask"], strict=True))
+
+    def length(b):
+        return (b["prompt_mask"].sum(1) + b["completion_mask"].sum(1)).tolist()
+
+    for step in (slice(0, 2), slice(2, 4)):
+        assert rows(dealt[step]) == rows(batches[step])
+        both = length(dealt[step][0]) + length(dealt[step][1])
+        assert both == sorted(both)
+    assert max(length(dealt[0])) < max(length(batches[0])), "the test must move a long row out of a micro-batch"
+
+    widths: list[int] = []
+    model = trainer.model
+    handle = model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].size(1)),
+                                             with_kwargs=True)
+    trainer.current_gradient_accumulation_steps = 2
+
+    def gradient(micro_batches):
+        model.train()
+        model.zero_grad()
+        for b in micro_batches:
+            trainer._compute_loss(model, b).backward()
+        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    try:
+        for step in (slice(0, 2), slice(2, 4)):
+            widths.clear()
+            g_trl, g_dealt = gradient(batches[step]), gradient(dealt[step])
+            assert g_trl and g_trl.keys() == g_dealt.keys()
+            for name in g_trl:
+                torch.testing.assert_close(g_dealt[name], g_trl[name], rtol=1e-4, atol=1e-7, msg=name)
+            for b, w in zip(batches[step] + dealt[step], widths, strict=True):
+                first, last = trainer_module.used_columns(torch.cat([b["prompt_mask"], b["completion_mask"]], 1),
+                                                          b["prompt_mask"].size(1))
+                assert w == last - first
+    finally:
+        handle.remove()
+
+
+def test_bnpo_rows_are_not_re_dealt():
+    """bnpo divides by each micro-batch's own token count: re-dealing its rows would change its gradient."""
+    assert "bnpo" not in trainer_module.ORDER_NEUTRAL_LOSSES
+
+
+def test_used_columns_keep_every_real_token_and_one_completion_column():
+    m = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 0]])
+    assert trainer_module.used_columns(m, 4) == (1, 6)
+    assert trainer_module.used_columns(torch.tensor([[0, 1, 1, 0, 0]]), 3) == (1, 4)  # no completion token at all

@@ -169,6 +169,11 @@ class AlgorithmConfig:
                                                        "(rollout.max_completion_tokens) from the loss (default: True "
                                                        "for dapo); every other ending, turn_token_limit included, "
                                                        "stays in the loss with its reward")
+    scale_rewards: str | None = _f(None, "divide each advantage by the std of its group's rewards ('group'), of "
+                                         "the batch's ('batch'), or not at all ('none'); default: the algorithm's "
+                                         "(group for grpo and dapo, none for dr_grpo). 'none' stops questions the "
+                                         "policy nearly always gets right from weighing as much as the ones it "
+                                         "is still learning (Dr. GRPO). Not for reinforce_pp*")
     shuffle_rewards: bool = _f(False, "control experiment: permute the rewards within each batch, which keeps "
                                       "their distribution and destroys their signal")
 
@@ -357,6 +362,11 @@ class ExperimentConfig:
                      f"got {a.epsilon_high}")
         if a.max_grad_norm < 0:
             p.append(f"algorithm.max_grad_norm must be >= 0 (0 = no clipping), got {a.max_grad_norm}")
+        if a.scale_rewards is not None:
+            _choice(p, "algorithm.scale_rewards", a.scale_rewards, ("group", "batch", "none"))
+            if a.name in ("reinforce_pp", "reinforce_pp_baseline"):
+                p.append(f"algorithm.scale_rewards does not apply to {a.name}: its advantages are whitened over the "
+                         f"batch's tokens by the trainer; leave it unset")
 
     def _validate_rewards(self, p: list[str]) -> None:
         if not self.curriculum.enabled and not self.rewards:

@@ -82,7 +82,8 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         else ["swanlab"], run_name=cfg.logging.run_name or None, use_cpu=use_cpu, bf16=bf16,
         remove_unused_columns=False, log_completions=False, disable_dropout=True,
     )
-    kwargs.update(algorithm_args(a.name, epsilon_high=a.epsilon_high, mask_truncated=a.mask_truncated_completions))
+    kwargs.update(algorithm_args(a.name, epsilon_high=a.epsilon_high, mask_truncated=a.mask_truncated_completions,
+                                 scale_rewards=a.scale_rewards))
     return GRPOConfig(**kwargs)
 
 
