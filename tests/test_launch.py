@@ -268,3 +268,22 @@ def test_sft_trainer_batches_put_no_label_on_environment_tokens(tmp_path, tiny_m
     everything = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
     real = everything != -100
     assert (F.cross_entropy(logits[:, :-1][real], everything[real]) - expected).abs() > 1e-3
+
+
+def test_sft_batches_by_length_without_checkpointing_when_asked(tmp_path, qwen_tokenizer, tiny_model_dir, world_dir):
+    """The quick start's SFT: transformers' length-grouped sampler (each batch holds trajectories of similar
+    length) and no gradient checkpointing; the batches the trainer draws are less padded than random ones."""
+    from agentic_rag.training.sft import build_sft_trainer
+
+    data, _, _ = sft_file(tmp_path, qwen_tokenizer, world_dir)
+    widths = {}
+    for grouped in (False, True):
+        trainer, examples, _ = build_sft_trainer(model=str(tiny_model_dir), data=str(data), batch_size=2,
+                                                 output_dir=str(tmp_path / f"sft{grouped}"), lora_r=4, lora_alpha=8,
+                                                 gradient_checkpointing=not grouped, group_by_length=grouped)
+        assert trainer.args.gradient_checkpointing is (not grouped)
+        assert trainer.args.train_sampling_strategy == ("group_by_length" if grouped else "random")
+        batches = list(trainer.get_train_dataloader())
+        assert sum(len(b["input_ids"]) for b in batches) == len(examples)
+        widths[grouped] = sum(b["input_ids"].numel() for b in batches)
+    assert widths[True] <= widths[False], widths

@@ -189,7 +189,8 @@ def sft(s: Settings, init: str) -> Path:
     else:  # a LoRA adapter on the real model, which GRPO goes on training (model.adapter)
         summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=True,
                           epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
-                          lora_alpha=32, seed=s.world_seed, logging_steps=10)
+                          lora_alpha=32, seed=s.world_seed, logging_steps=10, gradient_checkpointing=False,
+                          group_by_length=True)
     summary["expert_trajectories"] = info
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out

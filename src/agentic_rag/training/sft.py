@@ -111,12 +111,17 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
                       chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
                       lora_r: int = 16, lora_alpha: int = 32, full: bool = False, max_length: int = 2048,
                       seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
-                      base_model: Any = None, tokenizer: Any = None):
+                      base_model: Any = None, tokenizer: Any = None, gradient_checkpointing: bool = True,
+                      group_by_length: bool = False):
     """TRL's SFTTrainer on the trajectories of ``data`` (see :func:`run_sft`); returns ``(trainer, examples,
     skipped)``. The dataset carries ``completion_mask``; with ``completion_only_loss`` TRL turns it into labels
     that are -100 on the prompt and on every environment token. ``base_model`` and ``tokenizer``: ``model``
     already loaded (:func:`agentic_rag.training.model.load_base_model`, :func:`agentic_rag.models.load_tokenizer`),
-    for a caller that has them (a test, a notebook); with LoRA the adapter is put on ``base_model`` in place."""
+    for a caller that has them (a test, a notebook); with LoRA the adapter is put on ``base_model`` in place.
+    ``gradient_checkpointing`` (TRL's default: on) trades a third more compute for activation memory; a small
+    model on a CPU is faster without it. ``group_by_length`` batches trajectories of similar length together
+    (transformers' length-grouped sampler), so a batch of one-search answers is not padded to a three-search
+    trajectory's length."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -128,13 +133,15 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, padding_side="right")
     examples, skipped = read_examples(data, tokenizer, dialect, language=language, chat=chat)
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "completion_mask": e.completion_mask} for e in examples])
-    model_cfg = ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0)
+    model_cfg = ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
+                            gradient_checkpointing=gradient_checkpointing)
     base = base_model if base_model is not None else load_base_model(model_cfg)
     peft = None if full else lora_config(model_cfg)
     args = SFTConfig(output_dir=output_dir, num_train_epochs=epochs, learning_rate=learning_rate,
                      per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
                      seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
-                     use_cpu=not torch.cuda.is_available(), bf16=False)
+                     use_cpu=not torch.cuda.is_available(), bf16=False, gradient_checkpointing=gradient_checkpointing,
+                     train_sampling_strategy="group_by_length" if group_by_length else "random")
     compact_lm_head_scoring()  # on a CPU, project only the trained (labelled) positions, as on a GPU
     trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
     return trainer, examples, skipped
@@ -144,7 +151,8 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
             chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
             lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
             seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
-            settings: TrainedSettings | None = None) -> dict[str, Any]:
+            settings: TrainedSettings | None = None, gradient_checkpointing: bool = True,
+            group_by_length: bool = False) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
@@ -157,7 +165,8 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
     trainer, examples, skipped = build_sft_trainer(
         model=model, data=data, output_dir=output_dir, dialect=dialect, language=language, chat=chat, epochs=epochs,
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
-        max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps)
+        max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
+        gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length)
     result = trainer.train()
     if full:
         save_model(trainer.model, output_dir)

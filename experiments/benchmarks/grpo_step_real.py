@@ -1,0 +1,158 @@
+"""Where a real-model GRPO step spends its time and memory: SmolLM2-135M-Instruct, the quick start's training
+config, from the quick start's SFT adapter.
+
+    python experiments/benchmarks/grpo_step_real.py --quickstart outputs/quickstart [--steps 2]
+        [--threads 2] [--set algorithm.per_device_train_batch_size=16 --set ...]
+
+Each variant runs in its own process (``OMP_NUM_THREADS`` = ``--threads``, default 2; the JVM heap at 1 GB as
+the quick start sets it) and trains ``--steps`` optimizer steps of ``experiments/training/world_grpo_smollm2.yaml``
+(with the ``--set`` overrides) from ``QUICKSTART/sft`` on ``QUICKSTART/world`` and ``QUICKSTART/index``:
+
+* ``by_length``: the trainer as shipped: each optimizer step's rows dealt into micro-batches by length, each
+  micro-batch scored over its own width (``group_by_length``, ``used_columns``).
+* ``trl_order``: the same with both turned off (TRL's shuffled micro-batches, every one as wide as the batch).
+
+Measured per variant: seconds in the rollout (generation, search), in the scoring forward passes
+(``_get_per_token_logps_and_entropies``) and in the rest of each step (backward, optimizer); the median of TRL's
+logged ``step_time``; the width of every scored micro-batch as TRL hands it over and as the model sees it, its
+real tokens, and the padding fraction of what the model saw; and the peak resident set size of the
+process in each phase (a sampler thread, every 20 ms): model load, trainer set-up (JVM, TRL), rollout, training
+step (forward + backward), optimizer and logging. The last line printed is one JSON object with both variants and
+``scoring_forward_ratio`` (by_length / trl_order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml"
+
+
+def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict:
+    import psutil
+
+    proc = psutil.Process()
+    phase = ["imports"]
+    peaks: dict[str, float] = {}
+
+    def sample() -> None:
+        while True:
+            rss = proc.memory_info().rss / 2**30
+            peaks[phase[0]] = max(peaks.get(phase[0], 0.0), rss)
+            time.sleep(0.02)
+
+    threading.Thread(target=sample, daemon=True).start()
+    import agentic_rag.training.trainer as T
+    from agentic_rag.training import train
+
+    if variant == "trl_order":
+        T.group_by_length = lambda batches, per_step: batches
+        T.used_columns = lambda mask, prompt_width: (0, mask.size(1))
+    times = {"rollout_s": 0.0, "scoring_forward_s": 0.0, "training_step_s": 0.0}
+    widths: list[dict] = []
+
+    def timed(name: str, label: str, after: str, key: str | None = None):
+        orig = getattr(T.AgenticGRPOTrainer, name)
+
+        def wrapper(self, *a, **k):
+            before, phase[0] = phase[0], label
+            t = time.perf_counter()
+            try:
+                return orig(self, *a, **k)
+            finally:
+                if key:
+                    times[key] += time.perf_counter() - t
+                phase[0] = after or before
+        setattr(T.AgenticGRPOTrainer, name, wrapper)
+
+    timed("__init__", "trainer set-up (JVM, TRL)", "before the first step")
+    timed("_rollout", "rollout", "rewards and advantages", "rollout_s")
+    timed("training_step", "training step (forward + backward)", "optimizer and logging", "training_step_s")
+    score = T.AgenticGRPOTrainer._get_per_token_logps_and_entropies
+
+    def scored(self, model, input_ids, attention_mask, logits_to_keep, *a, **k):
+        t = time.perf_counter()
+        out = score(self, model, input_ids, attention_mask, logits_to_keep, *a, **k)
+        times["scoring_forward_s"] += time.perf_counter() - t
+        first, last = T.used_columns(attention_mask, input_ids.size(1) - logits_to_keep)  # what the model saw
+        widths.append({"rows": int(input_ids.size(0)), "batch_width": int(input_ids.size(1)),
+                       "model_width": last - first, "real_tokens": int(attention_mask.sum())})
+        return out
+    T.AgenticGRPOTrainer._get_per_token_logps_and_entropies = scored
+    load = train.policy_model
+
+    def loading(cfg):
+        phase[0] = "model load"
+        try:
+            return load(cfg)
+        finally:
+            phase[0] = "after model load"
+    train.policy_model = loading
+    out_dir = Path(tempfile.mkdtemp(prefix="grpo_step_real_"))
+    base = [f"model.adapter={quickstart / 'sft'}", f"data.train_file={quickstart / 'world' / 'train.jsonl'}",
+            f"search.index={quickstart / 'index'}", f"checkpoint.output_dir={out_dir}", "checkpoint.save_steps=1000",
+            "logging.swanlab_mode=disabled", f"algorithm.max_steps={steps}"]
+    args = ["--config", str(CONFIG), "--log-level", "WARNING"]
+    for kv in base + sets:
+        args += ["--set", kv]
+    phase[0] = "config"
+    started = time.perf_counter()
+    train.main(args)
+    total = time.perf_counter() - started
+    history = json.loads((out_dir / "train_summary.json").read_text())["log_history"]
+    step_times = sorted(h["step_time"] for h in history if "step_time" in h)
+    return {"variant": variant, "steps": steps, "total_s": round(total, 1),
+            "step_time_median_s": round(step_times[len(step_times) // 2], 1) if step_times else None,
+            **{k: round(v / steps, 1) for k, v in times.items()},
+            "backward_and_rest_of_training_step_s": round((times["training_step_s"] - times["scoring_forward_s"])
+                                                          / steps, 1),
+            "micro_batches": widths,
+            "padding_fraction": round(1 - sum(w["real_tokens"] for w in widths)
+                                      / max(1, sum(w["rows"] * w["model_width"] for w in widths)), 3),
+            "peak_rss_gb_by_phase": {k: round(v, 2) for k, v in peaks.items()},
+            "peak_rss_gb": round(max(peaks.values()), 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quickstart", default="outputs/quickstart", help="a quick start's output directory")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
+    ap.add_argument("--set", action="append", default=[], dest="sets", help="a training config override")
+    ap.add_argument("--variant", choices=["by_length", "trl_order"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    qs = Path(args.quickstart).resolve()
+    if not (qs / "sft" / "adapter_config.json").exists():
+        ap.error(f"no SFT adapter at {qs / 'sft'}: run the quick start first (bash script/quickstart.sh)")
+    if args.variant:
+        print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets)), flush=True)
+        return 0
+    results = {}
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g", TOKENIZERS_PARALLELISM="false")
+    for variant in ("by_length", "trl_order"):
+        cmd = [sys.executable, __file__, "--quickstart", str(qs), "--steps", str(args.steps), "--variant", variant]
+        for kv in args.sets:
+            cmd += ["--set", kv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not line:
+            print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        results[variant] = json.loads(line[-1][len("RESULT "):])
+        print(variant, {k: v for k, v in results[variant].items() if k != "micro_batches"}, flush=True)
+    ratio = results["by_length"]["scoring_forward_s"] / max(1e-9, results["trl_order"]["scoring_forward_s"])
+    print(json.dumps({"sets": args.sets, "threads": args.threads, "scoring_forward_ratio": round(ratio, 3), **results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
