@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_search_server(index_dir: Path, *options: str, timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
+    """``agentic-rag serve-search`` on a free port of 127.0.0.1, as a user starts it; returns once /health answers
+    (the process and its URL), or fails the test with the server's output."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search",
+                             "--index", str(index_dir), "--port", str(port), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            pytest.fail("server exited:\n" + proc.stdout.read())
+    proc.kill()
+    pytest.fail(f"server did not start in {timeout_s:.0f} s")
 
 
 # ------------------------------------------------------------------------------------ models and tokenizers

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +27,7 @@ from agentic_rag.search.build import build_index, open_docstore
 from agentic_rag.search.dense import Encoder
 from agentic_rag.search.manifest import IndexManifest
 from agentic_rag.search.vectors import PROGRESS, VectorParts, encode_corpus, read_progress
-from conftest import free_port, wiki_subset
+from conftest import start_search_server, wiki_subset
 
 K = 10
 N_QUESTIONS = 200
@@ -398,32 +396,13 @@ def test_an_interrupted_build_goes_on_where_it_stopped(wiki_index, tmp_path, mon
 # ------------------------------------------------------------------------------------------------ server
 
 
-def start_server(index_dir: Path, *options: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search",
-                             "--index", str(index_dir), "--port", str(port), *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            pytest.fail("server exited:\n" + proc.stdout.read())
-    proc.kill()
-    pytest.fail("server did not start in 180 s")
-
-
 @pytest.mark.slow
 def test_two_worker_processes_answer_like_one_searcher(built, questions):
     """``serve-search --workers 2`` over the IVF index with --nprobe 1 (so the option must reach the workers to
     give these results) answers as the same searcher opened in this process (what one worker serves)."""
     ivf = built("ivf")
     local = open_searcher(ivf, "dense", nprobe=1)
-    proc, url = start_server(ivf, "--retriever", "dense", "--nprobe", "1", "--workers", "2")
+    proc, url = start_search_server(ivf, "--retriever", "dense", "--nprobe", "1", "--workers", "2")
     try:
         pids: set[int] = set()
         deadline = time.time() + 120  # the second worker may still be opening its searcher when the first answers

@@ -6,8 +6,6 @@ import http.server
 import itertools
 import json
 import string
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from agentic_rag.search.client import HTTPSearcher, SearchRequestError
 from agentic_rag.search.jvm import set_max_clause_count
 from agentic_rag.search.server import ServerLimits, create_app
 from agentic_rag.search.types import MAX_QUERY_CHARS, PartialSearchError
-from conftest import free_port
+from conftest import free_port, start_search_server
 
 
 def many_terms_query() -> str:
@@ -54,23 +52,7 @@ def serve_in_thread(searcher, limits: ServerLimits | None = None) -> Iterator[st
 
 @pytest.fixture(scope="module")
 def server(wiki_index):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search",
-                             "--index", str(wiki_index), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            pytest.fail("server exited:\n" + proc.stdout.read())
-    else:
-        proc.kill()
-        pytest.fail("server did not start in 120 s")
+    proc, url = start_search_server(wiki_index, timeout_s=120)
     yield url
     proc.terminate()
     proc.wait(timeout=30)
