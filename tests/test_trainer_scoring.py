@@ -267,9 +267,30 @@ def test_rows_dealt_by_length_keep_each_optimizer_steps_rows_and_gradient(
         handle.remove()
 
 
-def test_bnpo_rows_are_not_re_dealt():
-    """bnpo divides by each micro-batch's own token count: re-dealing its rows would change its gradient."""
-    assert "bnpo" not in trainer_module.ORDER_NEUTRAL_LOSSES
+@pytest.mark.parametrize("loss_type, dealt", [("grpo", True), ("bnpo", False)])
+def test_training_deals_each_steps_rows_by_length_unless_the_loss_forbids_it(
+        tiny_model_dir, world_dir, tmp_path, monkeypatch, loss_type, dealt):
+    """_prepare_inputs in training: a fresh generation batch is re-dealt by length within each optimizer step
+    for an order-neutral loss; bnpo divides by each micro-batch's own token count, so its rows keep TRL's order."""
+    scripts = {"Long?": ["<search>alpha</search>", "<search>beta</search>", "<answer>l</answer>"],
+               "Short?": ["<answer>s</answer>"],
+               "Mid?": ["<search>alpha</search>", "<answer>m</answer>"],
+               "Tiny?": ["<answer>t</answer>"]}
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, rows=[{"prompt": q, "answers": ["x"]} for q in scripts])
+    monkeypatch.setattr(trainer_module, "HFPolicy", lambda model, tok, *args, **kw: ScriptedPolicy(tok, scripts))
+    trainer.loss_type = loss_type
+    trainer.args.gradient_accumulation_steps = trainer.args.steps_per_generation = 2
+    calls = []
+    deal = trainer_module.group_by_length
+    monkeypatch.setattr(trainer_module, "group_by_length", lambda b, n: calls.append(n) or deal(b, n))
+    trainer.model.train()
+    first = trainer._prepare_inputs([{"prompt": q, "answers": ["x"]} for q in scripts for _ in range(2)])
+    assert calls == ([2] if dealt else [])
+    assert first is trainer._buffered_inputs[0] and len(trainer._buffered_inputs) == 2
+    if dealt:
+        lengths = [n for b in trainer._buffered_inputs
+                   for n in (b["prompt_mask"].sum(1) + b["completion_mask"].sum(1)).tolist()]
+        assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
 
 
 def test_used_columns_keep_every_real_token_and_one_completion_column():
