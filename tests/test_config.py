@@ -94,6 +94,8 @@ EVERY_RULE = [
      "algorithm.per_device_train_batch_size must be a positive integer, got 0"),
     ({"algorithm": {"warmup_ratio": 1.0}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), "
                                            "got 1.0"),
+    ({"algorithm": {"lr_scheduler": "step"}}, "algorithm.lr_scheduler must be one of linear, cosine, constant, "
+                                               "got 'step'"),
     ({"algorithm": {"warmup_ratio": -0.1}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1)"),
     ({"algorithm": {"epsilon": 0}}, "algorithm.epsilon (the clip range below 1) must be in (0, 1), got 0.0"),
     ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high (the clip range above 1) must be > 0, or unset"),
@@ -441,3 +443,29 @@ def test_scale_rewards_reaches_trls_config(name, scale, expected):
     from agentic_rag.training.trainer import algorithm_args
 
     assert algorithm_args(name, scale_rewards=scale)["scale_rewards"] == expected
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_the_learning_rate_schedule_reaches_the_trainer(good, schedule):
+    """algorithm.lr_scheduler, through transformers' own scheduler: constant holds the peak rate to the last step
+    (a five-step run does not spend its last steps near zero); linear decays towards 0."""
+    import torch
+    from transformers import get_scheduler
+
+    from agentic_rag.training.train import grpo_args
+
+    cfg = config_from_dict({**good, "algorithm": {**good.get("algorithm", {}), "lr_scheduler": schedule,
+                                                  "max_steps": 5, "learning_rate": 3e-4}}, env={})
+    args = grpo_args(cfg, use_cpu=True)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(args.max_steps),
+                          num_training_steps=args.max_steps)
+    rates = []
+    for _ in range(args.max_steps):
+        rates.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    if schedule == "constant":
+        assert rates == pytest.approx([3e-4] * 5)
+    else:
+        assert rates == pytest.approx([3e-4, 2.4e-4, 1.8e-4, 1.2e-4, 0.6e-4])

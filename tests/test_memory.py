@@ -378,3 +378,62 @@ def test_the_zero3_script_tells_the_trainer_its_stage(tmp_path):
         assert f"deepspeed/zero{stage}.json" in ds
         assert json.loads((ROOT / "experiments" / "training" / "deepspeed" / f"zero{stage}.json").read_text())[
             "zero_optimization"]["stage"] == stage
+
+
+def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, world_dir,
+                                                                             monkeypatch, capsys):
+    """On the CPU the trainer asks the estimator whether one training step fits the RAM available and refuses
+    the config when it does not, naming what would help, instead of letting the kernel kill the run part-way."""
+    from agentic_rag.training import train
+    from test_launch import config
+
+    path = config(tmp_path, tiny_model_dir, world_dir)
+
+    def no_model(cfg):
+        raise AssertionError("the model must not load for a config that cannot fit")
+
+    monkeypatch.setattr(train, "policy_model", no_model)
+    monkeypatch.setenv("AGENTIC_RAG_RAM_GB", "0.05")
+    assert train.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "memory estimate: training" in err and "0.1 GiB is available" in err, err
+    assert "model.gradient_checkpointing: true" in err and "AGENTIC_RAG_RAM_GB" in err
+    # the same config with room: no refusal
+    from agentic_rag.config import load_config
+
+    monkeypatch.setenv("AGENTIC_RAG_RAM_GB", "64")
+    assert train.ram_check(load_config(path)) is None
+
+
+def test_the_ram_estimate_grows_with_the_micro_batch_and_checkpointing_shrinks_it(tiny_model_dir):
+    from dataclasses import replace
+
+    from agentic_rag.training.memory import CPU_PROCESS_GB, EstimateInputs, TrainingSetup, check_fits_ram, estimate
+
+    setup = TrainingSetup(device="cpu", batch=4, num_generations=4, micro_batch=8, max_prompt=64, max_completion=200,
+                          lora_rank=4, lora_dropout=0.0, lora_targets=("q_proj", "v_proj"))
+    need = {mb: estimate(str(tiny_model_dir), replace(setup, micro_batch=mb)).total / 2**30 + CPU_PROCESS_GB
+            for mb in (2, 8)}
+    assert need[2] < need[8]
+    assert check_fits_ram(EstimateInputs(str(tiny_model_dir), setup), need[8] + 0.01) is None
+    refusal = check_fits_ram(EstimateInputs(str(tiny_model_dir), setup), (need[2] + need[8]) / 2)
+    assert refusal and "per_device_train_batch_size: 4" in refusal and "(fits)" in refusal
+
+
+def test_a_runs_peak_memory_is_its_own_not_its_parents():
+    """The quick start starts each training run from a parent holding its evaluation models. Linux carries
+    ru_maxrss across fork and exec, so the old measure reported the parent's size for every run (two different
+    runs showed the same 5,067.75 MB); the high-water mark of the run's own address space does not."""
+    import subprocess
+    import sys
+
+    big = bytearray(400 * 2**20)
+    for i in range(0, len(big), 4096):  # touched, so resident
+        big[i] = 1
+    code = ("import resource; from agentic_rag.training.train import peak_rss_mb; "
+            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    own, inherited = float(out[0]), float(out[1])
+    assert inherited > 400, "the premise: ru_maxrss counts the parent"
+    assert own < 300, f"peak_rss_mb reported {own:.0f} MB for a child that holds far less"
+    del big

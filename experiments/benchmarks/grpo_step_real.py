@@ -16,9 +16,13 @@ Measured per variant: seconds in the rollout (generation, search), in the scorin
 (``_get_per_token_logps_and_entropies``) and in the rest of each step (backward, optimizer); the median of TRL's
 logged ``step_time``; the width of every scored micro-batch as TRL hands it over and as the model sees it, its
 real tokens, and the padding fraction of what the model saw; and the peak resident set size of the
-process in each phase (a sampler thread, every 20 ms): model load, trainer set-up (JVM, TRL), rollout, training
-step (forward + backward), optimizer and logging. The last line printed is one JSON object with both variants and
-``scoring_forward_ratio`` (by_length / trl_order).
+process in each phase of the first optimizer step (a sampler thread, every 20 ms): model load, trainer set-up
+(JVM, TRL), rollout, training step (forward + backward), optimizer and logging; then of the later steps together
+(RSS seldom falls: the allocator keeps what it got, so a later phase would show an earlier one's peak). The last
+line printed is one JSON object with both variants and ``scoring_forward_ratio`` (by_length / trl_order).
+
+``--compare micro_batch`` measures instead the shipped micro-batch of 4 trajectories against 8 (the same 64
+rollouts and the same gradient per step): ``peak_rss_ratio`` and ``step_time_ratio`` (4 / 8).
 """
 
 from __future__ import annotations
@@ -44,10 +48,14 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
     phase = ["imports"]
     peaks: dict[str, float] = {}
 
+    rollouts = [0]  # phases are attributed within the first optimizer step only: RSS seldom falls (the
+    # allocator keeps what it got), so a later step's rollout would show the previous step's training peak
+
     def sample() -> None:
         while True:
             rss = proc.memory_info().rss / 2**30
-            peaks[phase[0]] = max(peaks.get(phase[0], 0.0), rss)
+            label = phase[0] if rollouts[0] <= 1 else "later steps"
+            peaks[label] = max(peaks.get(label, 0.0), rss)
             time.sleep(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -64,6 +72,8 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
         orig = getattr(T.AgenticGRPOTrainer, name)
 
         def wrapper(self, *a, **k):
+            if name == "_rollout":
+                rollouts[0] += 1
             before, phase[0] = phase[0], label
             t = time.perf_counter()
             try:
@@ -75,7 +85,8 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
         setattr(T.AgenticGRPOTrainer, name, wrapper)
 
     timed("__init__", "trainer set-up (JVM, TRL)", "before the first step")
-    timed("_rollout", "rollout", "rewards and advantages", "rollout_s")
+    # TRL rolls out inside the first micro-batch's training_step: afterwards that training step goes on
+    timed("_rollout", "rollout", "", "rollout_s")
     timed("training_step", "training step (forward + backward)", "optimizer and logging", "training_step_s")
     score = T.AgenticGRPOTrainer._get_per_token_logps_and_entropies
 
@@ -122,12 +133,18 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
             "peak_rss_gb": round(max(peaks.values()), 2)}
 
 
+MICRO_BATCH_8 = ["algorithm.per_device_train_batch_size=8", "algorithm.gradient_accumulation_steps=8"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quickstart", default="outputs/quickstart", help="a quick start's output directory")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
     ap.add_argument("--set", action="append", default=[], dest="sets", help="a training config override")
+    ap.add_argument("--compare", choices=["order", "micro_batch"], default="order",
+                    help="order (default): by_length vs trl_order; micro_batch: the shipped micro-batch of 4 (x 16 "
+                         "accumulation steps) vs 8 (x 8), the same 64 rollouts and gradient per step")
     ap.add_argument("--variant", choices=["by_length", "trl_order"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
@@ -136,21 +153,29 @@ def main() -> int:
     if args.variant:
         print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets)), flush=True)
         return 0
+    runs = {"by_length": ("by_length", []), "trl_order": ("trl_order", [])} if args.compare == "order" else \
+        {"micro_batch_4": ("by_length", []), "micro_batch_8": ("by_length", MICRO_BATCH_8)}
     results = {}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g", TOKENIZERS_PARALLELISM="false")
-    for variant in ("by_length", "trl_order"):
+    for name, (variant, extra) in runs.items():
         cmd = [sys.executable, __file__, "--quickstart", str(qs), "--steps", str(args.steps), "--variant", variant]
-        for kv in args.sets:
+        for kv in args.sets + extra:
             cmd += ["--set", kv]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not line:
             print(proc.stdout[-2000:], proc.stderr[-3000:], file=sys.stderr)
             return 1
-        results[variant] = json.loads(line[-1][len("RESULT "):])
-        print(variant, {k: v for k, v in results[variant].items() if k != "micro_batches"}, flush=True)
-    ratio = results["by_length"]["scoring_forward_s"] / max(1e-9, results["trl_order"]["scoring_forward_s"])
-    print(json.dumps({"sets": args.sets, "threads": args.threads, "scoring_forward_ratio": round(ratio, 3), **results}))
+        results[name] = json.loads(line[-1][len("RESULT "):])
+        print(name, {k: v for k, v in results[name].items() if k != "micro_batches"}, flush=True)
+    first, second = list(results.values())
+    summary: dict = {"sets": args.sets, "threads": args.threads, "compare": args.compare}
+    if args.compare == "order":
+        summary["scoring_forward_ratio"] = round(first["scoring_forward_s"] / max(1e-9, second["scoring_forward_s"]), 3)
+    else:
+        summary["peak_rss_ratio"] = round(first["peak_rss_gb"] / max(1e-9, second["peak_rss_gb"]), 3)
+        summary["step_time_ratio"] = round(first["step_time_median_s"] / max(1e-9, second["step_time_median_s"]), 3)
+    print(json.dumps({**summary, **results}))
     return 0
 
 

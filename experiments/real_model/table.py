@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   for ds in datasets) + " |")
     record = Path(args.record)
     record.mkdir(parents=True, exist_ok=True)
-    (record / "table.json").write_text(json.dumps({"results": results, "limit_2wiki": args.limit_2wiki,
+    (record / "table.json").write_text(json.dumps({"quickstart": str(qs.relative_to(ROOT)) if qs.is_relative_to(ROOT)
+                                                   else str(qs), "command": " ".join(sys.argv),
+                                                   "results": results, "limit_2wiki": args.limit_2wiki,
                                                    "seed": args.seed, "wall_s": time.perf_counter() - started},
                                                   indent=1) + "\n")
     (record / "table.md").write_text("\n".join(lines) + "\n")

@@ -164,6 +164,9 @@ class AlgorithmConfig:
     gradient_accumulation_steps: int = _f(1, "micro-steps per optimizer step")
     max_steps: int = _f(100, "optimizer steps")
     warmup_ratio: float = _f(0.0, "linear warm-up, as a fraction of max_steps (0 <= x < 1)")
+    lr_scheduler: str = _f("linear", "learning-rate schedule after the warm-up: linear (decays to 0 at max_steps), "
+                                     "cosine, or constant (a short run that should not spend its last steps at a "
+                                     "near-zero rate)")
     max_grad_norm: float = _f(1.0, "clip the gradient norm to this (0 = no clipping)")
     mask_truncated_completions: bool | None = _f(None, "exclude trajectories cut by the completion budget "
                                                        "(rollout.max_completion_tokens) from the loss (default: True "
@@ -353,6 +356,8 @@ class ExperimentConfig:
             p.append(f"algorithm.beta must be >= 0, got {a.beta}")
         if a.learning_rate <= 0:
             p.append(f"algorithm.learning_rate must be > 0, got {a.learning_rate}")
+        if a.lr_scheduler not in LR_SCHEDULERS:
+            p.append(f"algorithm.lr_scheduler must be one of {', '.join(LR_SCHEDULERS)}, got {a.lr_scheduler!r}")
         if not 0 <= a.warmup_ratio < 1:
             p.append(f"algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), got {a.warmup_ratio}")
         if not 0 < a.epsilon < 1:
@@ -465,6 +470,7 @@ class ExperimentConfig:
         return found
 
 
+LR_SCHEDULERS = ("linear", "cosine", "constant")
 ALGORITHM_NAMES = ("grpo", "dr_grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")
 
 

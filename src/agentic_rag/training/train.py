@@ -51,7 +51,16 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process in MB (the JVM of an in-process Lucene searcher included)."""
+    """Peak resident memory of this process in MB (the JVM of an in-process Lucene searcher included): the
+    kernel's high-water mark of this address space (``VmHWM``). Not ``ru_maxrss``: Linux carries that across
+    fork and exec, so a run started by a large parent (the quick start, holding its evaluation models) would
+    report the parent's size instead of its own. ``ru_maxrss`` only where there is no ``/proc``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
@@ -70,6 +79,8 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
     kwargs: dict[str, Any] = dict(
         output_dir=cfg.checkpoint.output_dir, seed=cfg.seed, data_seed=cfg.seed,
         learning_rate=a.learning_rate, max_steps=a.max_steps, warmup_steps=a.warmup_ratio,
+        # "constant" holds the peak rate after the warm-up (transformers' constant_with_warmup; no warm-up: constant)
+        lr_scheduler_type="constant_with_warmup" if a.lr_scheduler == "constant" else a.lr_scheduler,
         per_device_train_batch_size=a.per_device_train_batch_size,
         gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
         num_generations=a.num_generations, beta=a.beta, epsilon=a.epsilon, num_iterations=a.num_iterations,
@@ -202,6 +213,22 @@ def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     return setup, warning
 
 
+def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None,
+              tokenizer: Any = None) -> str | None:
+    """For a run on the CPU: None when the memory estimator says one training step fits the RAM available
+    (:func:`~agentic_rag.training.memory.available_ram_gb`), else why not and what would help. Called before the
+    model loads, so a config that cannot fit is refused in seconds instead of being killed by the kernel part-way.
+    An estimate that cannot be made (an architecture the estimator does not know) lets the run go on."""
+    from .memory import EstimateInputs, available_ram_gb, check_fits_ram
+
+    try:
+        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer)
+        return check_fits_ram(EstimateInputs(cfg.model.name_or_path, setup), available_ram_gb())
+    except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made must not stop training
+        log.info("no RAM estimate (%s)", exc)
+        return None
+
+
 def zero_stage(trainer) -> int | None:
     """The ZeRO stage DeepSpeed actually runs (accelerate's plugin, from the DeepSpeed config), None without it."""
     plugin = trainer.accelerator.state.deepspeed_plugin
@@ -228,6 +255,11 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer)
     if warning:
         log.warning(warning)
+    if not torch.cuda.is_available():
+        refusal = ram_check(cfg, rows=rows, tokenizer=tokenizer)
+        if refusal:
+            raise ConfigError([refusal + "\n(set AGENTIC_RAG_RAM_GB to give the check a budget of your own)"],
+                              "memory")
 
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
@@ -308,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"{args.config}: OK ({len(rows)} training questions)")
         return 0
-    run(cfg, resume=args.resume or None)
+    try:
+        run(cfg, resume=args.resume or None)
+    except ConfigError as exc:  # refused before the model loaded (the RAM check)
+        print(f"agentic-rag train: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
