@@ -718,6 +718,12 @@ class EstimateInputs:
     setup: TrainingSetup
 
 
+def _smaller_micro_batch(s: TrainingSetup) -> int | None:
+    """The largest micro-batch at most half of ``s``'s that divides its rollout (TRL's micro-batches are equal)."""
+    m = s.completions_per_step
+    return next((d for d in range(m // 2, 0, -1) if s.rollout_sequences % d == 0), None)
+
+
 def _alternatives(setup: TrainingSetup) -> list[tuple[str, TrainingSetup]]:
     """Single changes that lower per-GPU memory, then all of them together."""
     s = setup
@@ -731,10 +737,10 @@ def _alternatives(setup: TrainingSetup) -> list[tuple[str, TrainingSetup]]:
     if not s.gradient_checkpointing:
         alts.append(("gradient checkpointing", replace(s, gradient_checkpointing=True)))
     m = s.completions_per_step
-    smaller = [d for d in range(m // 2, 0, -1) if s.rollout_sequences % d == 0]
+    smaller = _smaller_micro_batch(s)
     if smaller:
-        alts.append((f"micro-batch {smaller[0]} instead of {m} (per_device_train_batch_size)",
-                     replace(s, micro_batch=smaller[0])))
+        alts.append((f"micro-batch {smaller} instead of {m} (per_device_train_batch_size)",
+                     replace(s, micro_batch=smaller)))
     if s.batch > 1:
         fewer = replace(s, batch=s.batch // 2, micro_batch=None)
         alts.append((f"{fewer.batch} prompt(s) per GPU per rollout instead of {s.batch}",
@@ -764,10 +770,7 @@ def check_fits(inputs: EstimateInputs, gpu_memory_gb: float) -> str | None:
         + f") but each of the {inputs.setup.gpus} GPU(s) has {gpu_memory_gb:.1f} GiB. It will probably run out of "
         "memory. Changes that would help (estimated GiB per GPU):"
     ]
-    for label, alt in _alternatives(inputs.setup):
-        alt_total = estimate(arch, alt).total / GiB
-        verdict = "fits" if alt_total <= gpu_memory_gb else "still too much"
-        lines.append(f"  - {label}: {alt_total:.1f} ({verdict})")
+    lines += _alternative_lines(arch, _alternatives(inputs.setup), gpu_memory_gb)
     return "\n".join(lines)
 
 
@@ -794,15 +797,22 @@ def check_fits_ram(inputs: EstimateInputs, ram_gb: float) -> str | None:
     alts = []
     if not setup.gradient_checkpointing:
         alts.append(("model.gradient_checkpointing: true", replace(setup, gradient_checkpointing=True)))
-    m = setup.completions_per_step
-    smaller = [d for d in range(m // 2, 0, -1) if setup.rollout_sequences % d == 0]
+    smaller = _smaller_micro_batch(setup)
     if smaller:
-        alts.append((f"algorithm.per_device_train_batch_size: {smaller[0]} (with gradient_accumulation_steps "
-                     "raised to keep the rollouts per step)", replace(setup, micro_batch=smaller[0])))
-    for label, alt in alts:
-        total = estimate(arch, alt).total / GiB + CPU_PROCESS_GB
-        lines.append(f"  - {label}: {total:.1f} ({'fits' if total <= ram_gb else 'still too much'})")
+        alts.append((f"algorithm.per_device_train_batch_size: {smaller} (with gradient_accumulation_steps "
+                     "raised to keep the rollouts per step)", replace(setup, micro_batch=smaller)))
+    lines += _alternative_lines(arch, alts, ram_gb, extra_gb=CPU_PROCESS_GB)
     return "\n".join(lines)
+
+
+def _alternative_lines(arch: ModelArch, alts: list[tuple[str, TrainingSetup]], budget_gb: float, *,
+                       extra_gb: float = 0.0) -> list[str]:
+    """One line per alternative: its estimate (plus ``extra_gb``) in GiB and whether it fits ``budget_gb``."""
+    lines = []
+    for label, alt in alts:
+        total = estimate(arch, alt).total / GiB + extra_gb
+        lines.append(f"  - {label}: {total:.1f} ({'fits' if total <= budget_gb else 'still too much'})")
+    return lines
 
 
 def available_ram_gb() -> float:
