@@ -160,3 +160,19 @@ def assert_dashboard_serves(log_dir: Path, experiments: set[str]) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, capsys):
+    """``--two-hop-correct`` sets the SFT mix; out of [0, 1] it is refused, and an output directory made with
+    another mix is refused by name before anything runs."""
+    from agentic_rag.demo import quickstart
+
+    with pytest.raises(SystemExit) as bad:
+        quickstart.main(["--out", str(tmp_path / "a"), "--tiny", "--two-hop-correct", "1.5"])
+    assert bad.value.code == 2 and "--two-hop-correct must be between 0 and 1" in capsys.readouterr().err
+    out = tmp_path / "b"
+    quickstart.check_settings(quickstart.Settings.for_tiny(out=out, seeds=[0]))  # writes settings.json: 0.25
+    assert json.loads((out / "settings.json").read_text())["two_hop_correct"] == 0.25
+    with pytest.raises(SystemExit) as other:
+        quickstart.main(["--out", str(out), "--tiny", "--two-hop-correct", "0.4"])
+    assert "two_hop_correct" in str(other.value.code) and not (out / "world").exists()

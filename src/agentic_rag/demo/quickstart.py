@@ -527,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the training config's)")
     ap.add_argument("--workers", type=int, default=None,
                     help="training runs at a time, sharing the cores (default: 1; 2 with --tiny)")
+    ap.add_argument("--two-hop-correct", type=float, default=None,
+                    help="share of the two-hop expert trajectories in the SFT data that search twice (default: "
+                    f"{Settings.two_hop_correct}); the rest take the one-search shortcut")
     ap.add_argument("--sft-epochs", type=float, default=None, help="SFT epochs over the expert data "
                     "(default: 1 for the real model, 10 with --tiny)")
     args = ap.parse_args(argv)
@@ -541,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs
+    if args.two_hop_correct is not None:
+        if not 0.0 <= args.two_hop_correct <= 1.0:
+            ap.error(f"--two-hop-correct must be between 0 and 1, got {args.two_hop_correct}")
+        s.two_hop_correct = args.two_hop_correct
     started = time.perf_counter()
     run(s)
     print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")

@@ -1,0 +1,65 @@
+"""How often a quick start's SFT start searches twice on two-hop questions when sampled at several temperatures.
+
+    python experiments/real_model/sampling_temperature.py --quickstart outputs/qs_w1 --world-seed 1 \\
+        --temperatures 1.0,1.3 --split train
+
+Samples ``--samples`` rollouts of each of the first ``--questions`` two-hop questions of the split, with the
+quick start's prompt and rollout limits, and prints one JSON line per temperature: the share of rollouts that
+search twice, that answer right, that answer at all, and the share of questions with at least one right
+sample (what GRPO's group needs to learn anything).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from agentic_rag.data.world import generate_world, questions
+from agentic_rag.demo import quickstart as qs
+from agentic_rag.models import load_causal_lm, load_tokenizer
+from agentic_rag.rewards.accuracy import exact_match
+from agentic_rag.rollout import AgentRollout, HFPolicy, SamplingParams
+from agentic_rag.search import open_searcher
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quickstart", required=True, help="a quick start's output directory (its sft/ and index/)")
+    ap.add_argument("--world-seed", type=int, required=True)
+    ap.add_argument("--temperatures", default="1.0,1.3")
+    ap.add_argument("--split", choices=("train", "test"), default="train")
+    ap.add_argument("--questions", type=int, default=30)
+    ap.add_argument("--samples", type=int, default=4)
+    args = ap.parse_args()
+    out = Path(args.quickstart)
+    s = qs.Settings(out=out, seeds=[0], world_seed=args.world_seed)
+    train, test = questions(generate_world(args.world_seed))
+    two_hop = [q for q in (train if args.split == "train" else test) if q["hops"] == 2][:args.questions]
+    asked = [q for q in two_hop for _ in range(args.samples)]
+    tok = load_tokenizer(qs.REAL_MODEL)
+    model = load_causal_lm(qs.REAL_MODEL, adapter=str(out / "sft"), device="cpu")
+    build = qs.prompt_builder(tok, s)
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        torch.manual_seed(0)
+        started = time.perf_counter()
+        engine = AgentRollout(HFPolicy(model, tok, SamplingParams(temperature=temperature)), tok,
+                              open_searcher(out / "index"), "agentic", qs._rollout_limits(s))
+        trajs = engine.run([build(q["question"]) for q in asked], [q["question"] for q in asked])
+        right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0
+                 for q, t in zip(asked, trajs, strict=True)]
+        k = args.samples
+        print(json.dumps({
+            "temperature": temperature, "rollouts": len(trajs),
+            "two_searches_rate": sum(t.num_searches >= 2 for t in trajs) / len(trajs),
+            "em_sampled": sum(right) / len(trajs),
+            "answered": sum(t.answer is not None for t in trajs) / len(trajs),
+            "questions_with_a_right_sample": sum(any(right[i * k:(i + 1) * k]) for i in range(len(two_hop)))
+            / len(two_hop),
+            "seconds": round(time.perf_counter() - started)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
