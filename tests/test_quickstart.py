@@ -162,10 +162,15 @@ def assert_dashboard_serves(log_dir: Path, experiments: set[str]) -> None:
         proc.wait(timeout=10)
 
 
-def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, capsys):
+def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, capsys, monkeypatch):
     """``--two-hop-correct`` sets the SFT mix; out of [0, 1] it is refused, and an output directory made with
     another mix is refused by name before anything runs."""
+    import os
+
     from agentic_rag.demo import quickstart
+
+    # run() sets the JVM heap for its own process; keep that from leaking into the tests after this one
+    monkeypatch.setenv("AGENTIC_RAG_JVM_HEAP", os.environ.get("AGENTIC_RAG_JVM_HEAP", quickstart.JVM_HEAP))
 
     with pytest.raises(SystemExit) as bad:
         quickstart.main(["--out", str(tmp_path / "a"), "--tiny", "--two-hop-correct", "1.5"])
