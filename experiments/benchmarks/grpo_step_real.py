@@ -21,8 +21,9 @@ process in each phase of the first optimizer step (a sampler thread, every 20 ms
 (RSS seldom falls: the allocator keeps what it got, so a later phase would show an earlier one's peak). The last
 line printed is one JSON object with both variants and ``scoring_forward_ratio`` (by_length / trl_order).
 
-``--compare micro_batch`` measures instead the shipped micro-batch of 4 trajectories against 8 (the same 64
-rollouts and the same gradient per step): ``peak_rss_ratio`` and ``step_time_ratio`` (4 / 8).
+``--compare micro_batch`` measures instead the shipped micro-batch of 4 trajectories against 8 with half the
+accumulation steps (the same rollouts and the same gradient per step): ``peak_rss_ratio`` and
+``step_time_ratio`` (4 / 8).
 """
 
 from __future__ import annotations
@@ -133,7 +134,15 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
             "peak_rss_gb": round(max(peaks.values()), 2)}
 
 
-MICRO_BATCH_8 = ["algorithm.per_device_train_batch_size=8", "algorithm.gradient_accumulation_steps=8"]
+def micro_batch_8() -> list[str]:
+    """Overrides for a micro-batch of 8 with the shipped config's rollouts per optimizer step."""
+    import yaml
+
+    algo = yaml.safe_load(CONFIG.read_text())["algorithm"]
+    rollouts = algo["per_device_train_batch_size"] * algo["gradient_accumulation_steps"]
+    if rollouts % 8:
+        raise SystemExit(f"{CONFIG.name}: {rollouts} rollouts per step do not split into micro-batches of 8")
+    return ["algorithm.per_device_train_batch_size=8", f"algorithm.gradient_accumulation_steps={rollouts // 8}"]
 
 
 def main() -> int:
@@ -143,8 +152,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
     ap.add_argument("--set", action="append", default=[], dest="sets", help="a training config override")
     ap.add_argument("--compare", choices=["order", "micro_batch"], default="order",
-                    help="order (default): by_length vs trl_order; micro_batch: the shipped micro-batch of 4 (x 16 "
-                         "accumulation steps) vs 8 (x 8), the same 64 rollouts and gradient per step")
+                    help="order (default): by_length vs trl_order; micro_batch: the shipped micro-batch of 4 vs 8 "
+                         "with half the accumulation steps, the same rollouts and gradient per step")
     ap.add_argument("--variant", choices=["by_length", "trl_order"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
@@ -154,7 +163,7 @@ def main() -> int:
         print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets)), flush=True)
         return 0
     runs = {"by_length": ("by_length", []), "trl_order": ("trl_order", [])} if args.compare == "order" else \
-        {"micro_batch_4": ("by_length", []), "micro_batch_8": ("by_length", MICRO_BATCH_8)}
+        {"micro_batch_4": ("by_length", []), "micro_batch_8": ("by_length", micro_batch_8())}
     results = {}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g", TOKENIZERS_PARALLELISM="false")
     for name, (variant, extra) in runs.items():

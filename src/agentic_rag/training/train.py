@@ -87,7 +87,7 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         max_completion_length=cfg.rollout.max_completion_tokens, temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
         # the rollout decodes each process's trajectories on its own: ZeRO-3 must gather the weights for it
-        ds3_gather_for_generation=True, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        ds3_gather_for_generation=True, activation_checkpointing=cfg.model.gradient_checkpointing,
         logging_steps=cfg.logging.logging_steps, save_strategy="steps", save_steps=cfg.checkpoint.save_steps,
         save_total_limit=cfg.checkpoint.save_total_limit, report_to=[] if cfg.logging.swanlab_mode == "disabled"
         else ["swanlab"], run_name=cfg.logging.run_name or None, use_cpu=use_cpu, bf16=bf16,

@@ -1,0 +1,74 @@
+"""The quick start's SFT with random batches instead of batches by length, and GRPO from it.
+
+    python experiments/real_model/sft_batching.py --quickstart outputs/qs_w1 --world-seed 1 \
+        --out outputs/qs_w1_rand [--seeds 0] [--controls]
+
+Takes the world, the BM25 index and the 400 expert trajectories of a finished quick start (``--quickstart``), trains
+the same LoRA SFT on them (the same rate, batch of 8, seed, one epoch) but with ``group_by_length=False``, then
+measures it as the quick start measures its SFT start (greedy held-out EM; sampled two-hop behaviour: two-search
+rate, entropy) and trains GRPO from it for each ``--seeds`` (and, with ``--controls``, the shuffled-reward control)
+with the quick start's own functions and training config, each evaluated greedily on the held-out questions.
+Every step is skipped when its output is already in ``--out``. The last line printed is one JSON object.
+
+Why: TRL's SFT loss is a mean over each batch's trained tokens, so batched by length the long (two-search)
+trajectories' tokens weigh less (experiments/real_model/README.md, "The SFT's batching").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from agentic_rag.demo import quickstart as qs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quickstart", type=Path, required=True, help="a finished real-model quick start's directory")
+    ap.add_argument("--world-seed", type=int, required=True, help="the world seed that quick start was made with")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seeds", default="0", help="GRPO seeds, comma-separated ('' for none)")
+    ap.add_argument("--controls", action="store_true", help="also the shuffled-reward control of each seed")
+    args = ap.parse_args()
+    src = args.quickstart.resolve()
+    if not (src / "sft_data.jsonl").is_file() or not (src / "index" / "manifest.json").is_file():
+        ap.error(f"{src} is not a finished quick start (no sft_data.jsonl or index): run the quick start first")
+    os.environ.setdefault("AGENTIC_RAG_JVM_HEAP", qs.JVM_HEAP)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("world", "index"):
+        if not (out / name).exists():
+            shutil.copytree(src / name, out / name, symlinks=True)
+    if not (out / "sft_data.jsonl").exists():
+        shutil.copyfile(src / "sft_data.jsonl", out / "sft_data.jsonl")
+    s = qs.Settings(out=out, seeds=[int(x) for x in args.seeds.split(",") if x], world_seed=args.world_seed)
+
+    from agentic_rag.training.sft import run_sft
+
+    started = time.perf_counter()
+    if not (out / "sft" / "sft_summary.json").exists():
+        summary = run_sft(model=s.model, data=str(out / "sft_data.jsonl"), output_dir=str(out / "sft"), chat=True,
+                          epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
+                          lora_alpha=32, seed=s.world_seed, logging_steps=10, gradient_checkpointing=False,
+                          group_by_length=False)
+        summary["sft_s"] = round(time.perf_counter() - started, 1)
+        (out / "sft" / "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    base, adapter = qs.models_of(s, out / "sft")
+    result = {"sft_s": json.loads((out / "sft" / "sft_summary.json").read_text()).get("sft_s"),
+              "sft_greedy_em": qs.evaluate(s, "sft", base, adapter)["metrics"]["em"],
+              "sft_sampled_two_hop": qs.sampled_behaviour(s, base, adapter), "runs": {}}
+    for seed in s.seeds:
+        for control in (False, True) if args.controls else (False,):
+            run_dir = qs.grpo(s, out / "sft", seed, control)
+            ev = qs.evaluate(s, run_dir.name, base, run_dir / "final")
+            result["runs"][run_dir.name] = {"em": ev["metrics"]["em"], "searches_per_question":
+                                            ev["searches_per_question"], **qs.training_curves(run_dir)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
