@@ -20,9 +20,6 @@ import torch
 from agentic_rag.data.world import generate_world, questions
 from agentic_rag.demo import quickstart as qs
 from agentic_rag.models import load_causal_lm, load_tokenizer
-from agentic_rag.rewards.accuracy import exact_match
-from agentic_rag.rollout import AgentRollout, HFPolicy, SamplingParams
-from agentic_rag.search import open_searcher
 
 
 def main() -> None:
@@ -38,26 +35,16 @@ def main() -> None:
     s = qs.Settings(out=out, seeds=[0], world_seed=args.world_seed)
     train, test = questions(generate_world(args.world_seed))
     two_hop = [q for q in (train if args.split == "train" else test) if q["hops"] == 2][:args.questions]
-    asked = [q for q in two_hop for _ in range(args.samples)]
     tok = load_tokenizer(qs.REAL_MODEL)
     model = load_causal_lm(qs.REAL_MODEL, adapter=str(out / "sft"), device="cpu")
-    build = qs.prompt_builder(tok, s)
     for temperature in (float(t) for t in args.temperatures.split(",")):
         torch.manual_seed(0)
         started = time.perf_counter()
-        engine = AgentRollout(HFPolicy(model, tok, SamplingParams(temperature=temperature)), tok,
-                              open_searcher(out / "index"), "agentic", qs._rollout_limits(s))
-        trajs = engine.run([build(q["question"]) for q in asked], [q["question"] for q in asked])
-        right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0
-                 for q, t in zip(asked, trajs, strict=True)]
-        k = args.samples
+        stats, trajs = qs.sample_two_hop(s, model, tok, two_hop, args.samples, temperature)
         print(json.dumps({
-            "temperature": temperature, "rollouts": len(trajs),
-            "two_searches_rate": sum(t.num_searches >= 2 for t in trajs) / len(trajs),
-            "em_sampled": sum(right) / len(trajs),
-            "answered": sum(t.answer is not None for t in trajs) / len(trajs),
-            "questions_with_a_right_sample": sum(any(right[i * k:(i + 1) * k]) for i in range(len(two_hop)))
-            / len(two_hop),
+            "temperature": temperature, "rollouts": len(trajs), "two_searches_rate": stats["two_searches_rate"],
+            "em_sampled": stats["em_sampled"], "answered": sum(t.answer is not None for t in trajs) / len(trajs),
+            "questions_with_a_right_sample": stats["questions_with_a_right_sample"],
             "seconds": round(time.perf_counter() - started)}), flush=True)
 
 

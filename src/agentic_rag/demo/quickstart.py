@@ -248,42 +248,50 @@ def model_token_entropy(model, trajs) -> float:
     return total / max(1, count)
 
 
+def sample_two_hop(s: Settings, policy_model, tok, two_hop: Sequence[dict[str, Any]], samples: int,
+                   temperature: float = 1.0) -> tuple[dict[str, Any], list]:
+    """``samples`` sampled rollouts of each two-hop question with the quick start's prompt and rollout limits: the
+    share that search twice, that are right (overall and when searching twice), of questions with a right
+    sample, searches per rollout and the entropy of the model's tokens; and the trajectories."""
+    from ..rewards.accuracy import exact_match
+    from ..rollout import AgentRollout, HFPolicy, SamplingParams
+    from ..search import open_searcher
+
+    asked = [q for q in two_hop for _ in range(samples)]
+    engine = AgentRollout(HFPolicy(policy_model, tok, SamplingParams(temperature=temperature)), tok,
+                          open_searcher(s.out / "index"), "agentic", _rollout_limits(s))
+    build = prompt_builder(tok, s)
+    trajs = engine.run([build(q["question"]) for q in asked], [q["question"] for q in asked])
+    twice = [t.num_searches >= 2 for t in trajs]
+    right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0
+             for q, t in zip(asked, trajs, strict=True)]
+    return {"questions": len(two_hop), "samples_per_question": samples,
+            "two_searches_rate": sum(twice) / len(trajs),
+            "em_sampled": sum(right) / len(trajs),
+            "em_when_two_searches": (sum(r for r, t in zip(right, twice, strict=True) if t) / sum(twice))
+            if any(twice) else None,
+            "questions_with_a_right_sample": sum(any(right[i * samples:(i + 1) * samples])
+                                                 for i in range(len(two_hop))) / max(1, len(two_hop)),
+            "searches_per_rollout": sum(t.num_searches for t in trajs) / len(trajs),
+            "entropy_model_tokens": model_token_entropy(policy_model, trajs)}, trajs
+
+
 def sampled_behaviour(s: Settings, model: str, adapter: str) -> dict[str, Any]:
     """How the SFT model behaves when sampling (temperature 1, as GRPO rolls out) on held-out two-hop
-    questions: how often it searches twice, how often it is then right, and its entropy."""
+    questions: how often it searches twice, how often it is then right, and its entropy (:func:`sample_two_hop`)."""
     import torch
 
     from ..data.world import generate_world, questions
     from ..models import load_causal_lm, load_tokenizer
-    from ..rewards.accuracy import exact_match
-    from ..rollout import AgentRollout, HFPolicy, SamplingParams
-    from ..search import open_searcher
 
     path = s.out / "eval" / "sft_sampled_behaviour.json"
     if _done(path):
         return json.loads(path.read_text())
     torch.manual_seed(0)
     _, test = questions(generate_world(s.world_seed))
-    two_hop = [q for q in test if q["hops"] == 2 for _ in range(s.behaviour_samples)]
     tok = load_tokenizer(model)
     policy_model = load_causal_lm(model, adapter=adapter or None, device="cpu")
-    engine = AgentRollout(HFPolicy(policy_model, tok, SamplingParams(temperature=1.0)), tok,
-                          open_searcher(s.out / "index"), "agentic", _rollout_limits(s))
-    build = prompt_builder(tok, s)
-    trajs = engine.run([build(q["question"]) for q in two_hop], [q["question"] for q in two_hop])
-    twice = [t.num_searches >= 2 for t in trajs]
-    right = [exact_match(t.answer, [q["answer"]]) if t.answer is not None else 0.0 for q, t in zip(two_hop, trajs,
-                                                                                                  strict=True)]
-    out = {"questions": len(two_hop) // s.behaviour_samples, "samples_per_question": s.behaviour_samples,
-           "two_searches_rate": sum(twice) / len(trajs),
-           "em_sampled": sum(right) / len(trajs),
-           "em_when_two_searches": (sum(r for r, t in zip(right, twice, strict=True) if t) / sum(twice))
-           if any(twice) else None,
-           "questions_with_a_right_sample": sum(
-               any(right[i * s.behaviour_samples:(i + 1) * s.behaviour_samples])
-               for i in range(len(two_hop) // s.behaviour_samples)) / max(1, len(two_hop) // s.behaviour_samples),
-           "searches_per_rollout": sum(t.num_searches for t in trajs) / len(trajs),
-           "entropy_model_tokens": model_token_entropy(policy_model, trajs)}
+    out, _ = sample_two_hop(s, policy_model, tok, [q for q in test if q["hops"] == 2], s.behaviour_samples)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     return out
