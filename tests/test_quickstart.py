@@ -181,3 +181,45 @@ def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, caps
     with pytest.raises(SystemExit) as other:
         quickstart.main(["--out", str(out), "--tiny", "--two-hop-correct", "0.4"])
     assert "two_hop_correct" in str(other.value.code) and not (out / "world").exists()
+
+
+def test_a_directory_made_before_random_sft_batches_is_refused(tmp_path):
+    """An output directory whose settings predate ``sft_batches`` (its SFT was batched by length) is refused,
+    not silently reused with an SFT made the other way."""
+    from agentic_rag.demo import quickstart
+
+    out = tmp_path / "old"
+    s = quickstart.Settings(out=out, seeds=[0])
+    quickstart.check_settings(s)
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["sft_batches"] == "random"
+    del settings["sft_batches"]
+    (out / "settings.json").write_text(json.dumps(settings))
+    with pytest.raises(SystemExit) as old:
+        quickstart.check_settings(s)
+    assert "sft_batches" in str(old.value.code)
+
+
+def test_sft_batches_flag_reaches_the_settings_and_bad_values_are_refused(tmp_path, capsys, monkeypatch):
+    """``--sft-batches by_length`` (the SFT as it was) is a setting of its own: a directory made with random batches
+    refuses it by name before anything runs; values other than the two are refused."""
+    import os
+
+    from agentic_rag.demo import quickstart
+
+    monkeypatch.setenv("AGENTIC_RAG_JVM_HEAP", os.environ.get("AGENTIC_RAG_JVM_HEAP", quickstart.JVM_HEAP))
+
+    with pytest.raises(ValueError, match="sft_batches"):
+        quickstart.Settings(out=tmp_path / "x", seeds=[0], sft_batches="sorted")
+    with pytest.raises(SystemExit) as bad:
+        quickstart.main(["--out", str(tmp_path / "a"), "--sft-batches", "sorted"])
+    assert bad.value.code == 2 and "--sft-batches" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as tiny:
+        quickstart.main(["--out", str(tmp_path / "t"), "--tiny", "--sft-batches", "by_length"])
+    assert tiny.value.code == 2 and "tiny model's SFT always batches at random" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
+    out = tmp_path / "b"
+    quickstart.check_settings(quickstart.Settings(out=out, seeds=[0]))
+    with pytest.raises(SystemExit) as other:
+        quickstart.main(["--out", str(out), "--sft-batches", "by_length"])
+    assert "sft_batches" in str(other.value.code) and not (out / "world").exists()

@@ -1,10 +1,10 @@
-"""The quick start's SFT with random batches instead of batches by length, and GRPO from it.
+"""The quick start's SFT batched one way or the other (random or by length), and GRPO from it.
 
     python experiments/real_model/sft_batching.py --quickstart outputs/qs_w1 --world-seed 1 \
-        --out outputs/qs_w1_rand [--seeds 0] [--controls]
+        --out outputs/qs_w1_rand [--batches random|by_length] [--seeds 0] [--controls]
 
-Takes the world, the BM25 index and the 400 expert trajectories of a finished quick start (``--quickstart``), trains
-the same LoRA SFT on them (the same rate, batch of 8, seed, one epoch) but with ``group_by_length=False``, then
+Takes the world and the BM25 index of a finished quick start (``--quickstart``), trains the quick start's own LoRA
+SFT (``quickstart.sft``: the same 400 expert trajectories, rate, batch of 8, seed, one epoch) with ``--batches``, then
 measures it as the quick start measures its SFT start (greedy held-out EM; sampled two-hop behaviour: two-search
 rate, entropy) and trains GRPO from it for each ``--seeds`` (and, with ``--controls``, the shuffled-reward control)
 with the quick start's own functions and training config, each evaluated greedily on the held-out questions.
@@ -33,28 +33,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", default="0", help="GRPO seeds, comma-separated ('' for none)")
     ap.add_argument("--controls", action="store_true", help="also the shuffled-reward control of each seed")
+    ap.add_argument("--batches", choices=qs.SFT_BATCHES, default="random",
+                    help="the SFT's batches (default random; the quick start's before 2026-11-23: by_length)")
     args = ap.parse_args()
     src = args.quickstart.resolve()
-    if not (src / "sft_data.jsonl").is_file() or not (src / "index" / "manifest.json").is_file():
-        ap.error(f"{src} is not a finished quick start (no sft_data.jsonl or index): run the quick start first")
+    if not (src / "world" / "test.jsonl").is_file() or not (src / "index" / "manifest.json").is_file():
+        ap.error(f"{src} holds no quick start world and index: run the quick start first")
     os.environ.setdefault("AGENTIC_RAG_JVM_HEAP", qs.JVM_HEAP)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     for name in ("world", "index"):
         if not (out / name).exists():
             shutil.copytree(src / name, out / name, symlinks=True)
-    if not (out / "sft_data.jsonl").exists():
-        shutil.copyfile(src / "sft_data.jsonl", out / "sft_data.jsonl")
-    s = qs.Settings(out=out, seeds=[int(x) for x in args.seeds.split(",") if x], world_seed=args.world_seed)
+    s = qs.Settings(out=out, seeds=[int(x) for x in args.seeds.split(",") if x], world_seed=args.world_seed,
+                    sft_batches=args.batches)
 
-    from agentic_rag.training.sft import run_sft
-
-    started = time.perf_counter()
     if not (out / "sft" / "sft_summary.json").exists():
-        summary = run_sft(model=s.model, data=str(out / "sft_data.jsonl"), output_dir=str(out / "sft"), chat=True,
-                          epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
-                          lora_alpha=32, seed=s.world_seed, logging_steps=10, gradient_checkpointing=False,
-                          group_by_length=False)
+        started = time.perf_counter()
+        qs.sft(s, s.model)
+        summary = json.loads((out / "sft" / "sft_summary.json").read_text())
         summary["sft_s"] = round(time.perf_counter() - started, 1)
         (out / "sft" / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     base, adapter = qs.models_of(s, out / "sft")

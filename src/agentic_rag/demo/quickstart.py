@@ -59,6 +59,7 @@ REAL_MODEL = "smollm2-135m-instruct"
 SYSTEM_PROMPT = "Answer the question by searching."
 REWARD_WEIGHTS = {"em": 1.0, "format": 0.2}  # as in both training configs: exact_match 1.0, format 0.2
 JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
+SFT_BATCHES = ("random", "by_length")
 
 
 @dataclass
@@ -72,9 +73,17 @@ class Settings:
     sft_examples: int | None = 400  # expert trajectories drawn (seeded) for SFT; None: all of them
     sft_epochs: float = 1
     sft_learning_rate: float = 5e-4
+    # the real model's SFT batches, one of SFT_BATCHES: batched by length the long (two-search) trajectories weigh
+    # less in TRL's per-batch token mean, and the SFT model seldom searches twice (experiments/real_model/README.md,
+    # "The SFT's batching"); the tiny model's SFT is always random
+    sft_batches: str = "random"
     grpo_steps: int | None = None  # None: the config's
     workers: int = 1  # training runs at a time; the tiny model's default is 2
     behaviour_samples: int = 4  # sampled rollouts per held-out two-hop question
+
+    def __post_init__(self) -> None:
+        if self.sft_batches not in SFT_BATCHES:
+            raise ValueError(f"sft_batches must be one of {SFT_BATCHES}, got {self.sft_batches!r}")
 
     @classmethod
     def for_tiny(cls, **kw: Any) -> Settings:
@@ -193,7 +202,7 @@ def sft(s: Settings, init: str) -> Path:
         summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=True,
                           epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
                           lora_alpha=32, seed=s.world_seed, logging_steps=10, gradient_checkpointing=False,
-                          group_by_length=True)
+                          group_by_length=s.sft_batches == "by_length")
     summary["expert_trajectories"] = info
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out
@@ -420,7 +429,7 @@ def check_settings(s: Settings) -> None:
 
     mine = {"world_seed": s.world_seed, "tiny": s.tiny, "model": s.model, "two_hop_correct": s.two_hop_correct,
             "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs, "sft_learning_rate": s.sft_learning_rate,
-            "grpo_steps": s.grpo_steps,
+            "sft_batches": s.sft_batches, "grpo_steps": s.grpo_steps,
             "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest()}
     path = s.out / "settings.json"
     if path.exists():
@@ -505,7 +514,7 @@ def run(s: Settings) -> dict[str, Any]:
         "held_out_questions": n_test,
         "settings": {"world_seed": s.world_seed, "model": s.model or "tiny", "two_hop_correct": s.two_hop_correct,
                      "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs,
-                     "sft_learning_rate": s.sft_learning_rate,
+                     "sft_learning_rate": s.sft_learning_rate, "sft_batches": s.sft_batches,
                      "grpo_config": str(s.train_config.relative_to(ROOT)),
                      "grpo_steps": len(next(iter(curves.values())))},
         "reward_curve": str(s.out / "reward_curve.png"),
@@ -540,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{Settings.two_hop_correct}); the rest take the one-search shortcut")
     ap.add_argument("--sft-epochs", type=float, default=None, help="SFT epochs over the expert data "
                     "(default: 1 for the real model, 10 with --tiny)")
+    ap.add_argument("--sft-batches", choices=SFT_BATCHES, default=None,
+                    help="how the real model's SFT batches its examples: random (default) or by_length (as before "
+                    "2026-11-23; the model then seldom searches twice: experiments/real_model/README.md)")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (3 if args.tiny else 1)
     if seeds < 1:
@@ -552,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs
+    if args.sft_batches is not None:
+        if args.tiny:
+            ap.error("--sft-batches is for the real model's LoRA SFT; the tiny model's SFT always batches at random")
+        s.sft_batches = args.sft_batches
     if args.two_hop_correct is not None:
         if not 0.0 <= args.two_hop_correct <= 1.0:
             ap.error(f"--two-hop-correct must be between 0 and 1, got {args.two_hop_correct}")
