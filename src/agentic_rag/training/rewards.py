@@ -210,6 +210,31 @@ class CurriculumReward(_Named):
         return out
 
 
+class OverlongPenalty(_Named):
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), on the length the completion budget counts (every
+    completion token, the environment's included): 0 up to ``max_tokens - cache_tokens``, then falling linearly to
+    -1 at ``max_tokens``, and -1 beyond. Added to the other rewards with its weight. ``max_tokens`` defaults to
+    ``rollout.max_completion_tokens``, ``cache_tokens`` to a fifth of it (DAPO: 4,096 of 20,480)."""
+
+    def __init__(self, max_tokens: int, cache_tokens: int):
+        super().__init__("overlong")
+        if not 0 < cache_tokens <= max_tokens:
+            raise ValueError(f"the overlong reward needs 0 < cache_tokens <= max_tokens, got {cache_tokens} and "
+                             f"{max_tokens}")
+        self.max_tokens, self.cache_tokens = max_tokens, cache_tokens
+
+    def penalty(self, length: int) -> float:
+        free = self.max_tokens - self.cache_tokens
+        if length <= free:
+            return 0.0
+        if length <= self.max_tokens:
+            return (free - length) / self.cache_tokens
+        return -1.0
+
+    def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
+        return [self.penalty(len(ids)) for ids in completion_ids]
+
+
 def build_rewards(cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> tuple[list[Reward], list[float]]:
     """The reward callables and their weights, from the config."""
     if cfg.curriculum.enabled:
@@ -247,4 +272,7 @@ def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[st
                            max_concurrency=cfg.judge.max_concurrency)
     if spec.name == "judge":
         return JudgeReward(cfg)
+    if spec.name == "overlong":
+        budget = int(params.get("max_tokens", cfg.rollout.max_completion_tokens))
+        return OverlongPenalty(budget, int(params.get("cache_tokens", max(1, budget // 5))))
     raise ValueError(f"unknown reward {spec.name!r}")

@@ -83,7 +83,7 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         lr_scheduler_type="constant_with_warmup" if a.lr_scheduler == "constant" else a.lr_scheduler,
         per_device_train_batch_size=a.per_device_train_batch_size,
         gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
-        num_generations=a.num_generations, beta=a.beta, epsilon=a.epsilon, num_iterations=a.num_iterations,
+        num_generations=a.num_generations, beta=a.beta, num_iterations=a.num_iterations,
         max_completion_length=cfg.rollout.max_completion_tokens, temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
         # the rollout decodes each process's trajectories on its own: ZeRO-3 must gather the weights for it
@@ -93,8 +93,8 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         else ["swanlab"], run_name=cfg.logging.run_name or None, use_cpu=use_cpu, bf16=bf16,
         remove_unused_columns=False, log_completions=False, disable_dropout=True,
     )
-    kwargs.update(algorithm_args(a.name, epsilon_high=a.epsilon_high, mask_truncated=a.mask_truncated_completions,
-                                 scale_rewards=a.scale_rewards))
+    kwargs.update(algorithm_args(a.name, epsilon=a.epsilon, epsilon_high=a.epsilon_high,
+                                 mask_truncated=a.mask_truncated_completions, scale_rewards=a.scale_rewards))
     return GRPOConfig(**kwargs)
 
 
@@ -244,7 +244,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
     from ..models import load_tokenizer
     from ..search import open_searcher
     from ..tools import SearchTool
-    from .monitoring import SampleTrajectories, init_swanlab, watch_hint
+    from .monitoring import CollapseGuard, SampleTrajectories, init_swanlab, watch_hint
     from .rewards import build_rewards
     from .trainer import AgenticGRPOTrainer, latest_complete_checkpoint, trained_settings
 
@@ -278,14 +278,18 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log_dir = init_swanlab(cfg.logging, str(out), config_to_dict(cfg), is_main=state.is_main_process)
     trainer_ref: list = []
+    guard = CollapseGuard(cfg.guards, out)
+    callbacks = [SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)] \
+        if log_dir else []
+    if guard.active:
+        callbacks.append(guard)
     trainer = AgenticGRPOTrainer(
         model, tokenizer=tokenizer, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
         tools=SearchTool(searcher), dialect=cfg.rollout.dialect, limits=limits, language=cfg.data.language,
         chat=cfg.model.chat_template, algorithm=cfg.algorithm.name, max_batch_size=cfg.rollout.max_batch_size,
         summary_mode=cfg.rollout.summary_mode, system=cfg.data.system_prompt or None,
-        shuffle_rewards=cfg.algorithm.shuffle_rewards, peft_config=peft_config,
-        callbacks=[SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)]
-        if log_dir else [])
+        shuffle_rewards=cfg.algorithm.shuffle_rewards, dynamic_sampling=cfg.algorithm.dynamic_sampling,
+        max_extra_rollouts=cfg.algorithm.max_extra_rollouts, peft_config=peft_config, callbacks=callbacks)
     trainer_ref.append(trainer)
 
     resume = cfg.checkpoint.resume if resume is None else resume
@@ -305,7 +309,8 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
                    "memory_estimate": None if estimated is None else {
                        "gpus": estimated.gpus, "zero": estimated.zero, "max_prompt": estimated.max_prompt,
                        "max_completion": estimated.max_completion, "fits": warning is None},
-                   "resumed_from": checkpoint, "adapter": str(final), "swanlab_log_dir": log_dir,
+                   "resumed_from": checkpoint, "guard_alerts": guard.alerts, "stopped_by_guard_at": guard.stopped_at,
+                   "adapter": str(final), "swanlab_log_dir": log_dir,
                    "peak_rss_mb": peak_rss_mb(), "train_runtime_s": result.metrics.get("train_runtime"),
                    "log_history": trainer.state.log_history}
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))

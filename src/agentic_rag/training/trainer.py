@@ -8,14 +8,39 @@ What it optimises (stated plainly, as every RL recipe should):
   trajectory) have ``env_mask`` 0; tokens the model wrote have 1.
 * **Reward.** The weighted sum of the configured reward functions (each also logged on its own).
 * **Advantage.** ``grpo``: ``(r - mean_group) / std_group``; ``dr_grpo``: ``r - mean_group`` (no scaling);
-  ``dapo``: as grpo, with the upper clip at 1.28 (clip-higher), token-level aggregation and truncated
-  trajectories masked (``mask_truncated_completions``). Only the global completion budget
+  ``dapo``: DAPO (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"): as grpo,
+  with the upper clip at 1.28 (clip-higher), token-level aggregation, truncated trajectories masked
+  (``mask_truncated_completions``) and dynamic sampling (below). Only the global completion budget
   (``max_completion_tokens``) truncates; a trajectory that ended on ``turn_token_limit`` (a turn that never closed
-  its tag) ended as on any other limit: it stays in the loss with its reward (usually 0). DAPO's dynamic
-  sampling (dropping groups whose rewards are all equal and sampling more) and its overlong reward shaping are
-  **not** implemented: such groups stay in the batch with advantage 0. These three give one advantage per
-  completion, shared by its model tokens. ``algorithm.scale_rewards`` overrides the std scaling of any of them
-  (``group``, ``batch`` or ``none``: TRL's option of that name).
+  its tag) ended as on any other limit: it stays in the loss with its reward (usually 0). DAPO's overlong reward
+  shaping is the ``overlong`` reward (:mod:`agentic_rag.training.rewards`), added to the reward list when wanted.
+  ``gspo``: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): grpo's advantage, with one importance
+  ratio per trajectory, ``s_i = exp(mean over its model tokens of (log pi - log pi_old))`` (the length-normalised
+  sequence ratio), clipped to ``[1 - 3e-4, 1 + 4e-4]`` (the paper's ranges) at the sequence level, per-sequence
+  loss averaged over the batch (TRL's ``importance_sampling_level="sequence"``, ``loss_type="grpo"``). On-policy
+  (one optimizer step per generation batch, as the quick start trains) every ratio is 1 and its gradient equals
+  grpo's; the two differ once a batch is reused (``num_iterations > 1``) or split over several optimizer steps.
+  ``cispo``: CISPO (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention"):
+  grpo's advantage; the loss is ``-sg(min(rho_t, eps_max)) * A * log pi(y_t)`` per model token (the importance
+  weight clipped and detached, so every token keeps a gradient), summed over the global batch's model tokens and
+  divided by their count. ``eps_max`` is ``epsilon_high``, 5.0 by default (TRL's default for it, from ScaleRL; the
+  MiniMax report does not publish its value); no lower clip, as in the paper. ``sapo``: SAPO (Gao et al. 2025,
+  "Soft Adaptive Policy Optimization"): grpo's advantage; the hard clip is replaced by the soft gate
+  ``-(4 / tau) * sigmoid(tau * (rho_t - 1)) * A`` per token, ``tau`` 1.0 for positive advantages and 1.05 for
+  the others (the paper's), averaged per sequence then over the batch. ``bnpo``: grpo's advantage and clip, the
+  loss summed over each micro-batch's model tokens and divided by their count (TRL's ``bnpo``: the normaliser
+  depends on the micro-batch, so its rows are not re-dealt by length).
+  All of these give one advantage per completion, shared by its model tokens. ``algorithm.scale_rewards``
+  overrides the std scaling of any of them (``group``, ``batch`` or ``none``: TRL's option of that name).
+  **Dynamic sampling** (DAPO's; on by default for ``dapo``, ``algorithm.dynamic_sampling`` for the others): a
+  group whose rewards are all equal has advantage 0 and no gradient. After each generation batch is scored, such
+  groups are dropped and groups of further training questions (drawn at random, seeded) are rolled out and scored
+  until every process has as many informative groups as its batch had, or until ``max_extra_rollouts`` more
+  rollouts a process were drawn; a batch still short is filled with the dropped groups (advantage 0), so every
+  process trains on exactly its batch size. Each round draws ``ceil(missing / p)`` groups, ``p`` the share of
+  groups so far informative (at least 1/4), on every process alike. Logged: ``dynamic_sampling/extra_rollouts``,
+  ``/zero_variance_groups`` (found, over all rounds), ``/filled`` (zero-variance groups kept to fill) and
+  ``/rounds``. Not for the REINFORCE++ pair, whose advantages are normalised over the whole batch.
   ``reinforce_pp``: REINFORCE++ (Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning
   Large Language Models"), one advantage per model token. Each model token gets the reward
   ``r_t = -beta * KL_t`` with the k1 estimate ``KL_t = log pi_old(y_t) - log pi_ref(y_t)``; the completion's
@@ -83,7 +108,7 @@ from .model import compact_lm_head_scoring
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "reinforce_pp", "reinforce_pp_baseline")
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "bnpo", "reinforce_pp", "reinforce_pp_baseline")
 KL_IN_RETURN = ("reinforce_pp", "reinforce_pp_baseline")  # REINFORCE++: the KL shapes the reward, not the loss
 # The one length cut: the global completion budget. A turn that ran out of tokens (turn_token_limit) without closing its
 # tag ended the trajectory like any other limit: it is closed by an EOS, scored (usually 0) and trained on.
@@ -95,23 +120,33 @@ ORDER_NEUTRAL_LOSSES = ("grpo", "sapo", "dr_grpo", "dapo", "cispo", "vespo")
 COMPLETE_MARKER = ".complete"
 
 
-def algorithm_args(name: str, *, epsilon_high: float | None = None, mask_truncated: bool | None = None,
-                   scale_rewards: str | None = None) -> dict[str, Any]:
-    """GRPOConfig settings of each algorithm (through TRL's own options wherever they exist). The REINFORCE++
-    pair takes TRL's token-level aggregation (``loss_type="dapo"``: the sum over all model tokens of the global
-    batch divided by their count) with the symmetric clip; their advantages are computed by the trainer
+def algorithm_args(name: str, *, epsilon: float | None = None, epsilon_high: float | None = None,
+                   mask_truncated: bool | None = None, scale_rewards: str | None = None) -> dict[str, Any]:
+    """GRPOConfig settings of each algorithm (through TRL's own options wherever they exist), with its paper's
+    defaults; a setting given here (not None) replaces the preset's. The REINFORCE++ pair takes TRL's token-level
+    aggregation (``loss_type="dapo"``: the sum over all model tokens of the global batch divided by their count)
+    with the symmetric clip; their advantages are computed by the trainer
     (:meth:`AgenticGRPOTrainer._reinforce_pp_advantages`), so ``scale_rewards`` does not apply to them."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
+    token = {"importance_sampling_level": "token", "epsilon": 0.2}
     presets = {
-        "grpo": {"loss_type": "grpo", "scale_rewards": "group"},
-        "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none"},
-        "dapo": {"loss_type": "dapo", "scale_rewards": "group", "epsilon_high": 0.28,
+        "grpo": {**token, "loss_type": "grpo", "scale_rewards": "group"},
+        "dr_grpo": {**token, "loss_type": "dr_grpo", "scale_rewards": "none"},
+        "dapo": {**token, "loss_type": "dapo", "scale_rewards": "group", "epsilon_high": 0.28,
                  "mask_truncated_completions": True},
-        "reinforce_pp": {"loss_type": "dapo", "scale_rewards": "none"},
-        "reinforce_pp_baseline": {"loss_type": "dapo", "scale_rewards": "none"},
+        "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence", "scale_rewards": "group",
+                 "epsilon": 3e-4, "epsilon_high": 4e-4},
+        "cispo": {**token, "loss_type": "cispo", "scale_rewards": "group", "epsilon_high": 5.0},
+        "sapo": {**token, "loss_type": "sapo", "scale_rewards": "group", "sapo_temperature_pos": 1.0,
+                 "sapo_temperature_neg": 1.05},
+        "bnpo": {**token, "loss_type": "bnpo", "scale_rewards": "group"},
+        "reinforce_pp": {**token, "loss_type": "dapo", "scale_rewards": "none"},
+        "reinforce_pp_baseline": {**token, "loss_type": "dapo", "scale_rewards": "none"},
     }
     args = dict(presets[name])
+    if epsilon is not None:
+        args["epsilon"] = epsilon
     if epsilon_high is not None:
         args["epsilon_high"] = epsilon_high
     if mask_truncated is not None:
@@ -121,6 +156,51 @@ def algorithm_args(name: str, *, epsilon_high: float | None = None, mask_truncat
             raise ValueError(f"scale_rewards does not apply to {name}: the trainer whitens its advantages")
         args["scale_rewards"] = scale_rewards
     return args
+
+
+def dynamic_sampling_default(name: str) -> bool:
+    """Whether an algorithm samples dynamically unless told: DAPO's recipe does."""
+    return name == "dapo"
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int, tol: float = 1e-6) -> torch.Tensor:
+    """``[N / group_size]`` booleans: whether each group of ``group_size`` consecutive rewards (NaN: unscorable,
+    ignored) holds two scorable rewards that differ by more than ``tol``, i.e. carries a learning signal."""
+    groups = rewards.detach().float().view(-1, group_size)
+    finite = ~torch.isnan(groups)
+    high = torch.where(finite, groups, -math.inf).max(dim=1).values
+    low = torch.where(finite, groups, math.inf).min(dim=1).values
+    return (finite.sum(dim=1) >= 2) & (high - low > tol)
+
+
+def select_rows(pieces: list[tuple[dict[str, Any], list[int]]], pad_token_id: int) -> dict[str, Any]:
+    """One scored generation batch made of chosen rows of several (TRL's output dicts): ``pieces`` are ``(output,
+    row indices)``. Prompt tensors are left-padded (with ``pad_token_id`` for ids, 0 for masks) and completion
+    tensors right-padded to the widest chosen row; per-row lists are concatenated. ``num_items_in_batch`` is left
+    for the caller to recount. A key this does not know how to join raises."""
+    first = pieces[0][0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        if key == "num_items_in_batch":
+            continue
+        parts = [(o[key], rows) for o, rows in pieces]
+        if isinstance(value, list):
+            out[key] = [v[i] for v, rows in parts for i in rows]
+        elif isinstance(value, torch.Tensor) and value.dim() == 1:
+            out[key] = torch.cat([v[rows] for v, rows in parts])
+        elif isinstance(value, torch.Tensor) and value.dim() == 2:
+            width = max(v.size(1) for v, _ in parts)
+            fill = pad_token_id if key.endswith("_ids") else 0
+            left = key.startswith("prompt")
+            chunks = []
+            for v, rows in parts:
+                v = v[rows]
+                pad = v.new_full((v.size(0), width - v.size(1)), fill)
+                chunks.append(torch.cat([pad, v] if left else [v, pad], dim=1))
+            out[key] = torch.cat(chunks)
+        else:
+            raise ValueError(f"dynamic sampling cannot join the generation batch's {key!r}")
+    return out
 
 
 def kl_shaped_returns(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None,
@@ -208,6 +288,8 @@ class AgentSettings:
     processors: list  # decoding constraints for the rollout policy (see HFPolicy)
     system: str | None = None  # replaces the dialect's system prompt
     shuffle_rewards: bool = False  # the shuffled-reward control (see _calculate_rewards)
+    dynamic_sampling: bool = False  # drop zero-variance groups and refill (see _generate_and_score_completions)
+    max_extra_rollouts: int = 0  # the refills' cap, rollouts per process per generation batch
 
 
 def trained_settings(agent: AgentSettings, tokenizer: Any) -> TrainedSettings:
@@ -308,9 +390,23 @@ class AgenticGRPOTrainer(GRPOTrainer):
                  dialect: str = "agentic", limits: RolloutLimits | None = None, language: str = "en",
                  chat: bool | None = None, algorithm: str = "grpo", max_batch_size: int | None = None,
                  summary_mode: str = "replace", processors=(), system: str | None = None,
-                 shuffle_rewards: bool = False, peft_config=None, callbacks=None):
+                 shuffle_rewards: bool = False, dynamic_sampling: bool | None = None,
+                 max_extra_rollouts: int | None = None, peft_config=None, callbacks=None):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        if dynamic_sampling is None:
+            dynamic_sampling = dynamic_sampling_default(algorithm)
+        per_generation = args.per_device_train_batch_size * args.steps_per_generation
+        if dynamic_sampling:
+            if algorithm in KL_IN_RETURN:
+                raise ValueError(f"dynamic sampling does not apply to {algorithm}: its advantages are normalised over "
+                                 "the whole batch, not within groups")
+            if per_generation % args.num_generations:
+                raise ValueError(f"dynamic sampling drops and refills whole groups on each process: the rollouts a "
+                                 f"process generates at once (per_device_train_batch_size x steps_per_generation = "
+                                 f"{per_generation}) must be a multiple of num_generations ({args.num_generations})")
+        if max_extra_rollouts is not None and max_extra_rollouts < 0:
+            raise ValueError(f"max_extra_rollouts must be >= 0, got {max_extra_rollouts}")
         refuse_unsupported_launch(args)
         refuse_tree_masks_it_cannot_serve(model, dialect, summary_mode)
         if processors:
@@ -326,7 +422,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self.agent = AgentSettings(tools=tools, dialect=dialect, limits=limits, language=language, chat=chat,
                                    algorithm=algorithm, max_batch_size=max_batch_size, summary_mode=summary_mode,
                                    processors=list(processors), system=system or None,
-                                   shuffle_rewards=shuffle_rewards)
+                                   shuffle_rewards=shuffle_rewards, dynamic_sampling=bool(dynamic_sampling),
+                                   max_extra_rollouts=per_generation if max_extra_rollouts is None
+                                   else max_extra_rollouts)
         self._shuffle_calls = 0
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
@@ -440,6 +538,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
         return rewards
 
     def _generate_and_score_completions(self, inputs):
+        output = self._score_batch(inputs)
+        if self.agent.dynamic_sampling and self.model.training:
+            output = self._refill_informative_groups(inputs, output)
+        return output
+
+    def _score_batch(self, inputs):
+        """TRL's generation and scoring of ``inputs`` (the REINFORCE++ advantages where they apply), with each
+        row's tree layout for the loss."""
         try:
             output = super()._generate_and_score_completions(inputs)
             if self.agent.algorithm in KL_IN_RETURN:  # while the rows' layouts are still set (old log-probs)
@@ -449,6 +555,72 @@ class AgenticGRPOTrainer(GRPOTrainer):
             self._active_env = None
         output["agentic_layout"] = layouts if layouts is not None else [None] * len(output["advantages"])
         return output
+
+    def _local_informative(self, local_rows: int) -> list[bool]:
+        """Whether each of this process's groups in the batch just scored carries a signal, from the gathered
+        rewards of all processes (so every process decides alike)."""
+        per_func = self._rewards_per_func
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        flags = informative_groups(rewards, self.num_generations)
+        per_process = local_rows // self.num_generations
+        start = self.accelerator.process_index * per_process
+        return flags[start:start + per_process].tolist()
+
+    def _draw_groups(self, groups: int, round_: int) -> list[dict[str, Any]]:
+        """``groups`` training questions at random (seeded by the seed, the step, the round and the process), each
+        repeated ``num_generations`` times as TRL's sampler repeats them."""
+        gen = torch.Generator().manual_seed(hash((self.args.seed, self.state.global_step, round_,
+                                                  self.accelerator.process_index)) % (2 ** 63))
+        picks = torch.randint(len(self.train_dataset), (groups,), generator=gen).tolist()
+        return [dict(self.train_dataset[i]) for i in picks for _ in range(self.num_generations)]
+
+    def _refill_informative_groups(self, inputs, output):
+        """DAPO's dynamic sampling (see the module docstring): the batch's zero-variance groups replaced by
+        informative groups of further questions, as far as the cap allows; the same number of rows as before."""
+        group, rows = self.num_generations, len(inputs)
+        wanted = rows // group
+        device = self.accelerator.device
+        flags = self._local_informative(rows)
+        found = [(output, g) for g, ok in enumerate(flags) if ok]
+        zero = [(output, g) for g, ok in enumerate(flags) if not ok]
+        seen, informative, drawn, rounds = len(flags), len(found), 0, 0
+        while True:
+            missing = max(0, wanted - len(found))
+            stats = self.accelerator.gather(torch.tensor([[missing, seen, informative]], device=device,
+                                                         dtype=torch.float32)).view(-1, 3)
+            most_missing = int(stats[:, 0].max())
+            share = max(float(stats[:, 2].sum() / stats[:, 1].sum().clamp(min=1)), 0.25)
+            groups = min(math.ceil(most_missing / share), (self.agent.max_extra_rollouts - drawn) // group)
+            if most_missing == 0 or groups <= 0:
+                break
+            rounds += 1
+            extra = self._score_batch(self._draw_groups(groups, rounds))
+            drawn += groups * group
+            flags = self._local_informative(groups * group)
+            seen, informative = seen + len(flags), informative + sum(flags)
+            found += [(extra, g) for g, ok in enumerate(flags) if ok]
+            zero += [(extra, g) for g, ok in enumerate(flags) if not ok]
+        chosen = found[:wanted]
+        filled = wanted - len(chosen)
+        chosen += zero[:filled]
+        pieces: list[tuple[dict[str, Any], list[int]]] = []
+        for out, g in chosen:
+            if pieces and pieces[-1][0] is out:
+                pieces[-1][1].extend(range(g * group, (g + 1) * group))
+            else:
+                pieces.append((out, list(range(g * group, (g + 1) * group))))
+        merged = select_rows(pieces, self.processing_class.pad_token_id)
+        loss_mask = merged["completion_mask"] * merged.get("tool_mask", 1)
+        merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        totals = self.accelerator.gather(torch.tensor([[drawn, seen - informative, filled, rounds]], device=device,
+                                                      dtype=torch.float32)).view(-1, 4)
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/extra_rollouts"].append(float(totals[:, 0].sum()))
+        metrics["dynamic_sampling/zero_variance_groups"].append(float(totals[:, 1].sum()))
+        metrics["dynamic_sampling/filled"].append(float(totals[:, 2].sum()))
+        metrics["dynamic_sampling/rounds"].append(float(totals[:, 3].max()))
+        return merged
 
     def _reinforce_pp_output(self, output: dict[str, Any]) -> torch.Tensor:
         """The REINFORCE++ advantages ``[B, T]`` of a scored generation batch (see the module docstring).
