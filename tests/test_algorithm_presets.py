@@ -15,7 +15,7 @@ from agentic_rag.config import ExperimentConfig, GuardsConfig, RewardSpec
 from agentic_rag.training.monitoring import CollapseGuard
 from agentic_rag.training.rewards import OverlongPenalty, make_reward
 from agentic_rag.training.trainer import ALGORITHMS, algorithm_args, informative_groups, select_rows
-from test_training import _loss_inputs, lora_state, make_trainer
+from test_training import _current_logps, _loss_inputs, lora_state, make_trainer
 
 
 def test_presets_carry_their_papers_defaults_and_overrides_win():
@@ -72,11 +72,7 @@ def _batch(trainer, shift: float):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs, _, _, _ = _loss_inputs(trainer, trainer.processing_class)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
-                                                                 inputs["completion_ids"].size(1))
+    logps = _current_logps(trainer, inputs)
     sign = torch.tensor([1.0, -1.0]).repeat(logps.size(1) // 2 + 1)[:logps.size(1)]
     inputs["old_per_token_logps"] = logps - shift * sign
     inputs.pop("ref_per_token_logps")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentic_rag.training.trainer import kl_shaped_returns, whiten_over_tokens
-from test_training import _loss_inputs, make_trainer
+from test_training import _current_logps, _loss_inputs, make_trainer
 
 # Two groups of two completions, four completion positions each. mask: the model's tokens (completion_mask *
 # env_mask); position 2 of row 0 is an observation, row 1 ends in an environment EOS, row 3 in padding.
@@ -99,11 +99,7 @@ def test_the_kl_is_in_the_return_not_in_the_loss(trainers, algorithm, kl_in_loss
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     inputs, env, _, _ = _loss_inputs(trainer, trainer.processing_class)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    with torch.no_grad():
-        actual, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask,
-                                                                  inputs["completion_ids"].size(1))
+    actual = _current_logps(trainer, inputs)
     inputs["old_per_token_logps"] = actual
     inputs["advantages"] = torch.linspace(-1, 1, actual.numel()).view_as(actual)  # per token
     inputs["ref_per_token_logps"] = actual.clone()

@@ -109,6 +109,16 @@ def _loss_inputs(trainer, tok):
     return inputs, env, len(m1), len(m1) + len(obs) + len(m2)
 
 
+def _current_logps(trainer, inputs) -> torch.Tensor:
+    """The policy's per-token log-probabilities of a loss batch's completions now, without a gradient."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
+                                                                 inputs["completion_ids"].size(1))
+    return logps
+
+
 def _loss_and_grads(trainer, inputs):
     trainer.model.zero_grad()
     loss = trainer._compute_loss(trainer.model, copy.deepcopy(inputs))

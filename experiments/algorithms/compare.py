@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -78,9 +79,9 @@ def one(s: qs.Settings, algorithm: str, seed: int, runs_dir: Path) -> dict[str, 
         name, where = f"seed{seed}-{QUICKSTART_RUNS[algorithm]}", None  # the quick start's own directory
     else:
         name, where = f"{slug(algorithm)}-seed{seed}", runs_dir
-    started = time.perf_counter()
+    started, cpu_before = time.perf_counter(), _children_cpu_s()
     run = qs.train_run(s, sft_dir, name, seed, OVERRIDES[algorithm], runs_dir=where)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _children_cpu_s() - cpu_before
     result = qs.evaluate(s, name if where is None else f"algorithms-{name}", base, run / "final")
     summary = json.loads((run / "train_summary.json").read_text())
     history = summary["log_history"]
@@ -92,8 +93,16 @@ def one(s: qs.Settings, algorithm: str, seed: int, runs_dir: Path) -> dict[str, 
             "entropy_last": curves["entropy"][-1] if curves["entropy"] else None,
             "searches_per_trajectory_last": curves["searches"][-1] if curves["searches"] else None,
             "train_runtime_s": summary.get("train_runtime_s"), "process_wall_s": wall if wall > 5 else None,
+            "process_cpu_s": cpu if wall > 5 else None,
             "peak_rss_mb": summary.get("peak_rss_mb"), "extra_rollouts": sum(extra) if extra else 0,
             "curves": curves}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished children: a training run's own CPU time, which
+    another job on the machine changes far less than its wall clock."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def mean(xs: list[float | None]) -> float | None:
@@ -111,6 +120,7 @@ def aggregate(records: list[dict[str, Any]], em_sft: float) -> list[dict[str, An
                      "entropy_last": mean([r["entropy_last"] for r in rs]),
                      "searches_per_trajectory_last": mean([r["searches_per_trajectory_last"] for r in rs]),
                      "train_runtime_s": mean([r["train_runtime_s"] for r in rs]),
+                     "process_cpu_s": mean([r.get("process_cpu_s") for r in rs]),
                      "extra_rollouts": mean([r["extra_rollouts"] for r in rs])})
     return rows
 
@@ -121,12 +131,12 @@ def markdown(rows: list[dict[str, Any]], em_sft: float) -> str:
 
     lines = [f"SFT start: held-out EM {em_sft:.3f}.", "",
              "| algorithm | EM mean | EM per seed | gain over SFT | searches / question | entropy (last step) | "
-             "searches / trajectory (last step) | training s | extra rollouts |", "|---" * 9 + "|"]
+             "searches / trajectory (last step) | training s | CPU s | extra rollouts |", "|---" * 10 + "|"]
     for r in rows:
         lines.append(f"| {r['algorithm']} | {f(r['em_mean'])} | {', '.join(f(x) for x in r['em_per_seed'])} | "
                      f"{f(r['gain_over_sft_mean'], 3)} | {f(r['searches_per_question'], 2)} | {f(r['entropy_last'])} "
                      f"| {f(r['searches_per_trajectory_last'], 2)} | {f(r['train_runtime_s'], 0)} | "
-                     f"{f(r['extra_rollouts'], 0)} |")
+                     f"{f(r['process_cpu_s'], 0)} | {f(r['extra_rollouts'], 0)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -400,7 +400,7 @@ class ExperimentConfig:
         if a.dynamic_sampling and a.name in ("reinforce_pp", "reinforce_pp_baseline"):
             p.append(f"algorithm.dynamic_sampling does not apply to {a.name}: its advantages are normalised over the "
                      f"whole batch, not within groups")
-        if a.dynamic_sampling or (a.dynamic_sampling is None and a.name == "dapo"):
+        if a.dynamic_sampling or (a.dynamic_sampling is None and a.name in DYNAMIC_SAMPLING_BY_DEFAULT):
             if (a.per_device_train_batch_size * a.gradient_accumulation_steps) % a.num_generations:
                 p.append(f"algorithm.dynamic_sampling drops and refills whole groups on each process: "
                          f"per_device_train_batch_size x gradient_accumulation_steps "
@@ -454,8 +454,7 @@ class ExperimentConfig:
                 p.append(f"{where}.params.max_extra_tokens must be >= 0, got {extra}")
 
     def _validate_overlong(self, p: list[str], where: str, params: dict[str, Any]) -> None:
-        budget = params.get("max_tokens", self.rollout.max_completion_tokens)
-        cache = params.get("cache_tokens", budget // 5 if isinstance(budget, int) else None)
+        budget, cache = overlong_bounds(params, self.rollout.max_completion_tokens)
         if not isinstance(budget, int) or not isinstance(cache, int):
             return  # reported as a type problem
         if budget > self.rollout.max_completion_tokens:
@@ -532,6 +531,7 @@ class ExperimentConfig:
 
 
 LR_SCHEDULERS = ("linear", "cosine", "constant")
+DYNAMIC_SAMPLING_BY_DEFAULT = ("dapo",)  # DAPO's recipe samples dynamically unless told otherwise
 ALGORITHM_NAMES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "bnpo", "reinforce_pp",
                    "reinforce_pp_baseline")
 
@@ -670,6 +670,14 @@ REWARD_NAMES = ("exact_match", "f1", "cover_em", "cover_em_tokens", "choice", "j
 REWARD_PARAMS: dict[str, dict[str, type]] = {"format": {"partial": bool}, "ragas": {"metric": str, "fallback": str},
                                               "cover_em_tokens": {"max_extra_tokens": int},
                                               "overlong": {"max_tokens": int, "cache_tokens": int}}
+
+
+def overlong_bounds(params: dict[str, Any], max_completion_tokens: int) -> tuple[Any, Any]:
+    """The ``overlong`` reward's ``(max_tokens, cache_tokens)``: its params, else the completion budget and a fifth
+    of it (at least 1; DAPO: 4,096 of 20,480)."""
+    budget = params.get("max_tokens", max_completion_tokens)
+    cache = params.get("cache_tokens", max(1, budget // 5) if isinstance(budget, int) else None)
+    return budget, cache
 
 
 def _choice(problems: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..config import ExperimentConfig, RewardSpec
+from ..config import ExperimentConfig, RewardSpec, overlong_bounds
 from ..rewards import accuracy
 from ..rewards.curriculum import Curriculum
 from ..rewards.format import check_format, open_at_prompt_end
@@ -273,6 +273,6 @@ def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[st
     if spec.name == "judge":
         return JudgeReward(cfg)
     if spec.name == "overlong":
-        budget = int(params.get("max_tokens", cfg.rollout.max_completion_tokens))
-        return OverlongPenalty(budget, int(params.get("cache_tokens", max(1, budget // 5))))
+        budget, cache = overlong_bounds(params, cfg.rollout.max_completion_tokens)
+        return OverlongPenalty(int(budget), int(cache))
     raise ValueError(f"unknown reward {spec.name!r}")

@@ -99,6 +99,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
+from ..config import DYNAMIC_SAMPLING_BY_DEFAULT
 from ..data.prompts import build_prompt, system_prompt
 from ..rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams
 from ..rollout.scoring import layout
@@ -156,11 +157,6 @@ def algorithm_args(name: str, *, epsilon: float | None = None, epsilon_high: flo
             raise ValueError(f"scale_rewards does not apply to {name}: the trainer whitens its advantages")
         args["scale_rewards"] = scale_rewards
     return args
-
-
-def dynamic_sampling_default(name: str) -> bool:
-    """Whether an algorithm samples dynamically unless told: DAPO's recipe does."""
-    return name == "dapo"
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int, tol: float = 1e-6) -> torch.Tensor:
@@ -395,7 +391,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
         if dynamic_sampling is None:
-            dynamic_sampling = dynamic_sampling_default(algorithm)
+            dynamic_sampling = algorithm in DYNAMIC_SAMPLING_BY_DEFAULT
         per_generation = args.per_device_train_batch_size * args.steps_per_generation
         if dynamic_sampling:
             if algorithm in KL_IN_RETURN:
@@ -556,13 +552,18 @@ class AgenticGRPOTrainer(GRPOTrainer):
         output["agentic_layout"] = layouts if layouts is not None else [None] * len(output["advantages"])
         return output
 
-    def _local_informative(self, local_rows: int) -> list[bool]:
-        """Whether each of this process's groups in the batch just scored carries a signal, from the gathered
-        rewards of all processes (so every process decides alike)."""
+    def _outcome_rewards(self) -> torch.Tensor:
+        """The weighted sum of the reward functions for every completion of the batch just scored, gathered from
+        all processes (NaN where every function is not applicable)."""
         per_func = self._rewards_per_func
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
-        flags = informative_groups(rewards, self.num_generations)
+        return rewards
+
+    def _local_informative(self, local_rows: int) -> list[bool]:
+        """Whether each of this process's groups in the batch just scored carries a signal, from the gathered
+        rewards of all processes (so every process decides alike)."""
+        flags = informative_groups(self._outcome_rewards(), self.num_generations)
         per_process = local_rows // self.num_generations
         start = self.accelerator.process_index * per_process
         return flags[start:start + per_process].tolist()
@@ -635,9 +636,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         mask = output["completion_mask"]
         if "tool_mask" in output:
             mask = mask * output["tool_mask"]
-        per_func = self._rewards_per_func
-        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        rewards = self._outcome_rewards()
         kl = None
         if self.beta != 0.0:
             old = output.get("old_per_token_logps")
