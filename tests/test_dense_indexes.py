@@ -222,8 +222,11 @@ def test_shards_give_the_unsharded_results(built, qvecs, name, options):
     for k in (K, 150):  # 150: more than the last shard (45) and than any shard holds
         s1, r1 = sharded.search_vectors(qvecs, k)
         s2, r2 = one.search_vectors(qvecs, k)
-        assert np.array_equal(r1, r2), (name, options, k)
-        np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-6)
+        if name == "ivfpq":  # quantised scores tie, and a merge of shards may order a tie otherwise (seen in CI)
+            assert_same_up_to_ties((s1, r1), (s2, r2))
+        else:
+            assert np.array_equal(r1, r2), (name, options, k)
+            np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-6)
 
 
 def test_sharded_flat_and_full_nprobe_ivf_equal_brute_force(built, qvecs, truth):
