@@ -140,10 +140,10 @@ def run(smol, world_dir, tmp_path_factory) -> Run:
     lap("save_and_reload_adapter")
 
     # one GRPO step of the project's trainer: 2 training questions x 4 sampled rollouts, searching mid-rollout
-    # At a tenth of the recipe's rate: Adam's first step moves every LoRA weight by about the learning rate whatever
-    # its gradient, and at 3e-4 one step on 8 rollouts swung the greedy policy to searching until out of budget
-    # (in CI and here on 2026-11-24; earlier machines passed: float rounding picks the direction); the evaluation below needs a policy
-    # that still answers, which the SFT start does (3 of 4 held-out questions, 7 of 8 over the first 8)
+    # At a tenth of the recipe's rate: Adam's first step moves every LoRA weight by about the learning rate
+    # whatever its gradient, and at 3e-4 one step on 8 rollouts swung the greedy policy to searching until out of
+    # budget (in CI and here on 2026-11-24; earlier machines passed: float rounding picks the direction). The
+    # evaluation below needs a policy that still answers, as the SFT start does (3 of the 4 held-out questions).
     rows = [{"prompt": q.question, "answers": q.answers}
             for q in read_questions(world_dir / "world" / "train.jsonl", limit=3)[1:]]  # a one-hop, a two-hop
     args = GRPOConfig(output_dir=str(out / "grpo"), per_device_train_batch_size=8, num_generations=4,
