@@ -1,7 +1,11 @@
 """Retrieval at scale (issue 16): flat, IVF-PQ and HNSW FAISS indexes and Lucene BM25 over N (default 1M) passages.
 
     python experiments/benchmarks/retrieval_scale.py [--n 1000000] [--queries 1000] [--out outputs/scale]
-        [--types flat,ivfpq,hnsw,bm25] [--threads 2] [--real 0]
+        [--types flat,ivfpq,ivfpq-sq8,hnsw,hnsw-sq8,bm25] [--threads 2] [--real 0]
+
+``ivfpq-sq8`` is IVF-PQ whose candidates are re-ranked with 8-bit scalar-quantised copies of the vectors
+(``--refine sq8``; measured at every ``--nprobe`` x ``--k-factor``), ``hnsw-sq8`` HNSW whose graph holds 8-bit codes
+(``--hnsw-storage sq8``).
 
 There is no million-passage corpus on these machines, so one is grown from the real passages in ../shared/data
 (how, and what that may flatter: experiments/retrieval/SCALE.md):
@@ -50,7 +54,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -72,7 +76,7 @@ POOL_CORPORA = ("hipporag/2wikimultihopqa_corpus.json", "hipporag/hotpotqa_train
 QUESTION_FILES = ("tts-project/2wikimultihopqa_dev500.json", "r1-searcher/hotpotqa_500.jsonl",
                   "r1-searcher/2wiki_500.jsonl", "r1-searcher/stage_2.jsonl")
 K = 10
-TYPES = ("flat", "ivf", "ivfpq", "hnsw", "bm25")
+TYPES = ("flat", "ivf", "ivfpq", "ivfpq-sq8", "hnsw", "hnsw-sq8", "bm25")
 BLOCK = 65536  # rows of the grown vectors generated at a time (100 MB at 384 dimensions)
 TOPK_BLOCK = 16384  # rows scanned at a time by the exact search (scores of 1,000 queries: 65 MB)
 SAMPLE = 1000  # grown vectors whose nearest neighbours are measured
@@ -397,13 +401,27 @@ def run_build(kind: str, threads: int, job: dict[str, Any]) -> dict[str, Any]:
 
 def dense_spec(kind: str, n: int, dim: int, args: argparse.Namespace) -> DenseIndexSpec:
     """The resolved spec of a FAISS type: ivf/ivfpq nlist = --nlist (0: 4096, at most n/39), pq_m = dim/8,
-    hnsw M = --hnsw-m, efConstruction = --ef-construction; query defaults (the server's): nprobe 64, efSearch 128."""
+    hnsw M = --hnsw-m, efConstruction = --ef-construction; ``ivfpq-sq8`` is ivfpq re-ranked with SQ8 copies of the
+    vectors, ``hnsw-sq8`` hnsw over SQ8 codes. Query defaults (the server's): nprobe 64, efSearch 128, k_factor 16."""
     nlist = args.nlist or max(1, min(4096, n // 39))  # k-means wants 39 training points a list
-    spec = {"flat": DenseIndexSpec("flat"),
-            "ivf": DenseIndexSpec("ivf", nlist=nlist),
-            "ivfpq": DenseIndexSpec("ivfpq", nlist=nlist, pq_m=args.pq_m or dim // 8),
-            "hnsw": DenseIndexSpec("hnsw", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction)}[kind]
+    ivfpq = DenseIndexSpec("ivfpq", nlist=nlist, pq_m=args.pq_m or dim // 8)
+    hnsw = DenseIndexSpec("hnsw", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction)
+    spec = {"flat": DenseIndexSpec("flat"), "ivf": DenseIndexSpec("ivf", nlist=nlist), "ivfpq": ivfpq,
+            "ivfpq-sq8": replace(ivfpq, refine="sq8"), "hnsw": hnsw,
+            "hnsw-sq8": replace(hnsw, hnsw_storage="sq8")}[kind]
     return spec.resolved(n, dim)
+
+
+def query_settings(spec: DenseIndexSpec, args: argparse.Namespace) -> list[dict[str, int]]:
+    """The query-time settings measured for a type: nprobe (ivf types) times k_factor (re-ranking), efSearch."""
+    if spec.kind in ("ivf", "ivfpq"):
+        grid = [{"nprobe": p} for p in args.nprobe]
+        if spec.refine:
+            grid = [{**g, "k_factor": f} for g in grid for f in args.k_factor]
+        return grid
+    if spec.kind == "hnsw":
+        return [{"ef_search": e} for e in args.ef_search]
+    return [{}]
 
 
 def build_dense(kind: str, grown: Grown, corpus_meta: dict[str, Any], corpus_dir: Path, out: Path,
@@ -430,7 +448,7 @@ def build_dense(kind: str, grown: Grown, corpus_meta: dict[str, Any], corpus_dir
                              docstore={"jsonl": str(corpus_dir.resolve()),
                                        "offsets": str((corpus_dir / "offsets").resolve())})
     manifest.dense = DensePart(path="index.faiss", docs=n, encoder=encoder, dim=dim,
-                               encoder_fingerprint=encoder_fingerprint(encoder), faiss_type=kind,
+                               encoder_fingerprint=encoder_fingerprint(encoder), faiss_type=spec.kind,
                                params=spec.params(), shards=["index.faiss"])
     manifest.save(tmp)
     shutil.rmtree(index_dir, ignore_errors=True)
@@ -497,13 +515,11 @@ def measure_dense(kind: str, index_dir: Path, build: dict[str, Any], qvecs: np.n
     open_read = time.perf_counter() - t0
     del full
     n = index.ntotal
-    setting_name = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "ef_search"}.get(kind)
-    values = {"nprobe": args.nprobe, "ef_search": args.ef_search}.get(setting_name, [None])
     settings = []
-    for v in values:
-        params = index.parameters(**{setting_name: v}) if setting_name else None
+    for setting in query_settings(DenseIndexSpec.from_params(index.kind, build["key"]["spec"]), args):
+        params = index.parameters(**setting) if setting else None
         _, rows = index.search(qvecs, K, params)  # also warms the mapped pages
-        entry = {setting_name: v} if setting_name else {}
+        entry = dict(setting)
         entry["recall_at10"] = recall(rows, truth)
         entry.update(speed(lambda q, p=params: index.search(q, K, p), qvecs))
         say(f"{kind} {entry}")
@@ -511,7 +527,7 @@ def measure_dense(kind: str, index_dir: Path, build: dict[str, Any], qvecs: np.n
     index.close()
     size = path.stat().st_size
     server = measure_server(index_dir, "dense", texts, args, out_name=kind + args.tag)
-    server["setting"] = {k: v for k, v in build["key"]["spec"].items() if k in ("nprobe", "ef_search")}
+    server["setting"] = {k: v for k, v in build["key"]["spec"].items() if k in ("nprobe", "ef_search", "k_factor")}
     return {"factory": build["key"]["factory"], "params": build["key"]["spec"], "build_s": build["build_s"],
             "build_peak_rss_mb": build["build_peak_rss_mb"], "index_bytes": size,
             "per_passage_bytes": round(size / n, 2), "open_mmap_s": round(open_mmap, 4),
@@ -607,7 +623,7 @@ def extrapolate(types: dict[str, Any], n: int, dim: int, passages: int = 21_000_
     """Index bytes at ``passages`` for 384-dim MiniLM and 768-dim e5, in GB (the arithmetic of SCALE.md).
 
     A passage costs its vector part (flat, ivf, hnsw: 4·dim bytes; ivfpq: pq_m code bytes, pq_m kept at the same
-    fraction of dim) plus a rest
+    fraction of dim; an SQ8 copy or SQ8 graph storage: dim bytes more / instead) plus a rest
     measured here that does not depend on the dimension (HNSW links, IVF ids and list headers; ~0 for flat).
     IVF types add tables that do not grow with the passages: nlist centroids (nlist·dim·4 bytes) and, for ivfpq,
     the PQ codebooks (256·dim·4 bytes); nlist is kept as built. BM25 (Lucene) bytes depend on text, not dim."""
@@ -615,9 +631,10 @@ def extrapolate(types: dict[str, Any], n: int, dim: int, passages: int = 21_000_
     for kind, r in types.items():
         per = r["per_passage_bytes"]
         nlist = r.get("params", {}).get("nlist", 0)
-        fixed = {d: 4 * d * (nlist + (256 if kind == "ivfpq" else 0)) for d in (dim, 384, 768)}
+        fixed = {d: 4 * d * (nlist + (256 if kind.startswith("ivfpq") else 0)) for d in (dim, 384, 768)}
         pq_m = r.get("params", {}).get("pq_m", 0)
-        code = {d: 4 * d if kind in ("flat", "ivf", "hnsw") else pq_m * d // dim for d in (dim, 384, 768)}
+        code = {d: {"ivfpq": pq_m * d // dim, "ivfpq-sq8": pq_m * d // dim + d, "hnsw-sq8": d}.get(kind, 4 * d)
+                for d in (dim, 384, 768)}
         rest = per - code[dim] - fixed[dim] / n
         out[kind] = {f"dim{d}_gb": round(((code[d] + rest) * passages + fixed[d]) / 1e9, 2) for d in (384, 768)}
     return out
@@ -628,7 +645,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000, help="passages (and vectors) in every index")
     ap.add_argument("--queries", type=int, default=1000, help="real questions used as queries")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "scale", help="work directory (everything cached)")
-    ap.add_argument("--types", default="flat,ivfpq,hnsw,bm25", help=f"comma-separated subset of {','.join(TYPES)}")
+    ap.add_argument("--types", default="flat,ivfpq,ivfpq-sq8,hnsw,hnsw-sq8,bm25",
+                    help=f"comma-separated subset of {','.join(TYPES)}")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="FAISS, torch and Lucene threads")
     ap.add_argument("--real", type=int, default=0, help="real pool passages (0: all 10,411; fewer: a seeded sample)")
     ap.add_argument("--drop", type=float, default=0.1, help="text perturbation: word drop probability of a copy")
@@ -640,6 +658,7 @@ def main() -> None:
     ap.add_argument("--ef-construction", type=int, default=80)
     ap.add_argument("--nprobe", default="16,32,64,128", help="ivf/ivfpq query settings measured")
     ap.add_argument("--ef-search", default="32,64,128,256", help="hnsw query settings measured")
+    ap.add_argument("--k-factor", default="4,8,16,32", help="ivfpq-sq8: re-ranking settings measured (x nprobe)")
     ap.add_argument("--remeasure", action="store_true", help="measure again even where results are cached")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
@@ -647,6 +666,7 @@ def main() -> None:
         ap.error(f"--types: unknown {bad}; choose from {', '.join(TYPES)}")
     args.nprobe = [int(x) for x in args.nprobe.split(",")]
     args.ef_search = [int(x) for x in args.ef_search.split(",")]
+    args.k_factor = [int(x) for x in args.k_factor.split(",")]
     args.out = args.out.resolve()
     args.tag = f"-pc{args.parent_cos:g}" if args.parent_cos else ""  # another noise scale: its own files
     (args.out / "results").mkdir(parents=True, exist_ok=True)
@@ -695,7 +715,7 @@ def main() -> None:
         index_dir, build = build_dense(kind, grown, corpus_meta, corpus.parent, args.out, args)
         cache = args.out / "results" / f"{kind}-{args.n}{args.tag}.json"
         config = {"build": build, "queries": len(texts), "threads": args.threads, "nprobe": args.nprobe,
-                  "ef_search": args.ef_search}
+                  "ef_search": args.ef_search, **({"k_factor": args.k_factor} if kind == "ivfpq-sq8" else {})}
         cached = read_json(cache)
         if cached is None or cached.get("config") != config or args.remeasure:
             say(f"measuring {kind}")

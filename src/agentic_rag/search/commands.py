@@ -27,6 +27,8 @@ def add_searcher_args(p: argparse.ArgumentParser) -> None:
                    help="ivf/ivfpq dense index: inverted lists scanned a query (default: the index's, 64)")
     p.add_argument("--ef-search", type=int, default=None,
                    help="hnsw dense index: search beam width (default: the index's, 128)")
+    p.add_argument("--k-factor", type=int, default=None,
+                   help="dense index built with --refine: candidates re-scored per hit (default: the index's, 16)")
     p.add_argument("--no-mmap", dest="mmap", action="store_false",
                    help="read the FAISS index into memory instead of memory-mapping it")
 
@@ -36,7 +38,7 @@ def searcher_options(args: argparse.Namespace, cache_size: int = 0) -> dict:
     return {"index": str(args.index), "retriever": args.retriever, "dense_encoder": args.dense_encoder,
             "fusion": args.fusion, "alpha": args.alpha, "depth": args.depth, "threads": args.threads,
             "k1": args.k1, "b": args.b, "cache_size": cache_size, "nprobe": args.nprobe,
-            "ef_search": args.ef_search, "mmap": args.mmap}
+            "ef_search": args.ef_search, "k_factor": args.k_factor, "mmap": args.mmap}
 
 
 def open_from_args(args: argparse.Namespace, cache_size: int = 0):
@@ -70,7 +72,8 @@ def cmd_index_build(args: argparse.Namespace) -> int:
 
     spec = DenseIndexSpec(kind=args.dense_index, nlist=args.nlist, pq_m=args.pq_m, pq_bits=args.pq_bits,
                           opq=args.opq, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
-                          train_sample=args.train_sample, shard_size=args.shard_size)
+                          train_sample=args.train_sample, shard_size=args.shard_size, refine=args.refine,
+                          k_factor=args.k_factor, hnsw_storage=args.hnsw_storage)
     m = build_index(args.corpus, args.out, bm25=bm25, dense_encoder=args.dense_encoder, language=args.language,
                     fmt=args.format, skip_bad=args.skip_bad, chunk_size=args.chunk_words, threads=args.threads,
                     k1=args.k1, b=args.b, dense_index=spec, query_prefix=args.query_prefix,
@@ -162,8 +165,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--opq", action="store_true", help="ivfpq: learn an OPQ rotation before quantizing")
     b.add_argument("--hnsw-m", type=int, default=0, help="hnsw: links per node (0: 32)")
     b.add_argument("--ef-construction", type=int, default=0, help="hnsw: build beam width (0: 200)")
+    b.add_argument("--hnsw-storage", default="", choices=["", "flat", "fp16", "sq8"],
+                   help="hnsw: the graph's vectors as float32 (flat, the default), half floats or 8-bit codes")
+    b.add_argument("--refine", default="", choices=["", "flat", "fp16", "sq8"],
+                   help="ivfpq: keep a copy of the vectors (float32, half floats or 8-bit codes) and re-rank the "
+                        "PQ candidates with it")
+    b.add_argument("--k-factor", type=int, default=0,
+                   help="ivfpq with --refine: candidates re-scored per hit wanted (0: 16); --k-factor at search "
+                        "time overrides it")
     b.add_argument("--train-sample", type=int, default=0,
-                   help="ivf/ivfpq: vectors to train on, drawn uniformly (0: 40 per list, at least 40*2^pq-bits)")
+                   help="ivf/ivfpq: vectors to train on, drawn uniformly (0: 40 per list, at least 40*2^pq-bits); "
+                        "hnsw with --hnsw-storage sq8: vectors its code ranges are learnt on (0: 65536)")
     b.add_argument("--shard-size", type=int, default=0,
                    help="vectors per FAISS file; the files are searched together (0: one file)")
     b.add_argument("--encode-chunk", type=int, default=50000,

@@ -70,13 +70,14 @@ class DenseSearcher:
     """Encoder + FAISS; ``lookup(rows)`` turns FAISS row numbers into passages (a DocStore, usually).
 
     ``faiss_paths``: one FAISS file or several shards (:class:`~agentic_rag.search.dense_index.FaissShards`),
-    memory-mapped when ``mmap`` (see :mod:`agentic_rag.search.dense_index`). ``nprobe`` (IVF types) and
-    ``ef_search`` (HNSW) override the index's own settings for every search; :meth:`set_search_params` changes them.
+    memory-mapped when ``mmap`` (see :mod:`agentic_rag.search.dense_index`). ``nprobe`` (IVF types), ``ef_search``
+    (HNSW) and ``k_factor`` (re-ranking) override the index's own settings for every search;
+    :meth:`set_search_params` changes them.
     """
 
     def __init__(self, encoder: Encoder, faiss_paths: str | os.PathLike | Sequence[str | os.PathLike],
                  lookup: Callable[[list[int]], list[Passage]], *, nprobe: int | None = None,
-                 ef_search: int | None = None, mmap: bool = True):
+                 ef_search: int | None = None, k_factor: int | None = None, mmap: bool = True):
         from .dense_index import FaissShards
 
         self.encoder = encoder
@@ -88,15 +89,16 @@ class DenseSearcher:
             raise IndexMismatchError(f"the FAISS index at {paths[0]} has dimension {self.index.d} but the "
                                      f"encoder {encoder.path} produces {encoder.dim}")
         self._lookup = lookup
-        self.nprobe = self.ef_search = None
+        self.nprobe = self.ef_search = self.k_factor = None
         self._params = None
-        self.set_search_params(nprobe=nprobe, ef_search=ef_search)
+        self.set_search_params(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor)
 
-    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    def set_search_params(self, *, nprobe: int | None = None, ef_search: int | None = None,
+                          k_factor: int | None = None) -> None:
         """Query-time settings for the searches that follow (None: the index's own). ValueError where one does
         not apply to this index type."""
-        self._params = self.index.parameters(nprobe=nprobe, ef_search=ef_search)
-        self.nprobe, self.ef_search = nprobe, ef_search
+        self._params = self.index.parameters(nprobe=nprobe, ef_search=ef_search, k_factor=k_factor)
+        self.nprobe, self.ef_search, self.k_factor = nprobe, ef_search, k_factor
 
     @property
     def kind(self) -> str:

@@ -13,6 +13,16 @@ Every type scores by inner product over L2-normalised vectors (cosine similarity
   which this search does not use, and costs minutes).
 * ``hnsw``  -- ``IndexHNSWFlat`` (Malkov & Yashunin 2018, "Hierarchical navigable small world graphs"): a graph
   of ``hnsw_m`` links a node, built with beam ``ef_construction``, searched with beam ``ef_search``; full vectors.
+  ``hnsw_storage`` ``sq8`` / ``fp16`` keeps the vectors as 8-bit scalar-quantised codes (``IndexHNSWSQ``; each
+  dimension's range learnt on ``train_sample`` vectors) or half floats instead: dim or 2·dim bytes a vector instead
+  of 4·dim, and the graph walks on the approximate scores.
+
+Re-ranking (``refine``, ivfpq only): ``IndexRefine`` keeps a second copy of every vector -- ``flat`` (4·dim bytes),
+``fp16`` (2·dim) or ``sq8`` (dim) -- and a search takes the ``k_factor``·k best by PQ score, re-scores them with
+that copy and returns the k best. This is the IVFADC-R idea of Jégou et al. 2011 (section 4.3 of "Searching in one
+billion vectors: re-rank with source coding"), with FAISS's stored-vector refinement in place of that paper's
+coded residual. It lifts recall to what the lists scanned hold (PQ alone caps it: 0.47 at 1M, SCALE.md), for the
+bytes of the copy; ``k_factor`` is set per search as ``nprobe`` is.
 
 A corpus too large for one file is split into shards of ``shard_size`` vectors (``index-00000.faiss``, ...); a
 trained type trains once on a sample of the whole corpus and every shard starts from that trained index, so an
@@ -45,6 +55,9 @@ log = logging.getLogger(__name__)
 DENSE_INDEX_TYPES = ("flat", "ivf", "ivfpq", "hnsw")
 DEFAULT_NPROBE = 64
 DEFAULT_EF_SEARCH = 128
+DEFAULT_K_FACTOR = 16  # candidates re-scored a hit when re-ranking (SCALE.md: the setting measured at 1M)
+DEFAULT_SQ_TRAIN = 65536  # vectors an SQ8 code's per-dimension ranges are learnt on (hnsw_storage sq8)
+STORAGES = ("flat", "fp16", "sq8")  # how a refine copy or an HNSW graph's vectors are kept
 ADD_BLOCK = 65536  # vectors added to an index per call (bounds the memory of a build from memory-mapped parts)
 
 
@@ -63,28 +76,43 @@ class DenseIndexSpec:
     shard_size: int = 0       # vectors per FAISS file; 0 = one file
     nprobe: int = 0           # ivf, ivfpq: lists scanned a query, the index's default; 0 = 64 (at most nlist)
     ef_search: int = 0        # hnsw: search beam, the index's default; 0 = 128
+    refine: str = ""          # ivfpq: re-rank with a copy of the vectors kept as flat, fp16 or sq8; "" = none
+    k_factor: int = 0         # ivfpq with refine: candidates re-scored per hit wanted, the default; 0 = 16
+    hnsw_storage: str = ""    # hnsw: the graph's vectors as flat, fp16 or sq8; "" = flat
 
     def __post_init__(self) -> None:
         if self.kind not in DENSE_INDEX_TYPES:
             raise ValueError(f"unknown dense index type {self.kind!r}; choose one of {', '.join(DENSE_INDEX_TYPES)}")
+        for name in ("refine", "hnsw_storage"):
+            if getattr(self, name) not in ("", *STORAGES):
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(STORAGES)}, got "
+                                 f"{getattr(self, name)!r}")
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and value < 0:
                 raise ValueError(f"--{f.name.replace('_', '-')} must be >= 0 (0 = automatic), got {value}")
         applies = {"nlist": ("ivf", "ivfpq"), "train_sample": ("ivf", "ivfpq"), "nprobe": ("ivf", "ivfpq"),
                    "pq_m": ("ivfpq",), "pq_bits": ("ivfpq",), "opq": ("ivfpq",),
-                   "hnsw_m": ("hnsw",), "ef_construction": ("hnsw",), "ef_search": ("hnsw",)}
+                   "hnsw_m": ("hnsw",), "ef_construction": ("hnsw",), "ef_search": ("hnsw",),
+                   "refine": ("ivfpq",), "k_factor": ("ivfpq",), "hnsw_storage": ("hnsw",)}
+        if self.kind == "hnsw" and self.hnsw_storage == "sq8":
+            applies["train_sample"] = ("ivf", "ivfpq", "hnsw")  # the SQ8 ranges are learnt
         wrong = [name for name, kinds in applies.items() if getattr(self, name) and self.kind not in kinds]
         if wrong:
             opts = ", ".join(f"--{w.replace('_', '-')} (for {'/'.join(applies[w])})" for w in wrong)
             raise ValueError(f"{opts} do(es) not apply to a {self.kind} index: drop it or pick a matching "
                              f"--dense-index")
+        if self.kind == "hnsw" and self.train_sample and self.hnsw_storage != "sq8":
+            raise ValueError("--train-sample applies to an hnsw index only with --hnsw-storage sq8 (its code "
+                             "ranges are learnt); a flat or fp16 graph trains nothing")
+        if self.k_factor and not self.refine:
+            raise ValueError("--k-factor sets how many candidates re-ranking re-scores: give --refine too")
         if self.pq_bits > 16:
             raise ValueError(f"--pq-bits must be at most 16, got {self.pq_bits}")
 
     @property
     def trained(self) -> bool:
-        return self.kind in ("ivf", "ivfpq")
+        return self.kind in ("ivf", "ivfpq") or (self.kind == "hnsw" and self.hnsw_storage == "sq8")
 
     def resolved(self, n: int, dim: int) -> DenseIndexSpec:
         """Every automatic (zero) parameter replaced by its value for ``n`` vectors of ``dim`` dimensions; ValueError
@@ -92,7 +120,7 @@ class DenseIndexSpec:
         if n < 1:
             raise ValueError("cannot build a dense index over 0 vectors")
         spec = self
-        if self.trained:
+        if self.kind in ("ivf", "ivfpq"):
             nlist = self.nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
             if nlist > n:
                 raise ValueError(f"--nlist {nlist} is more than the {n} vectors to index; use at most {n // 39 or 1}")
@@ -103,7 +131,7 @@ class DenseIndexSpec:
                 divisors = [m for m in (8, 16, 32, 48, 64, 96, 128, 192) if dim % m == 0]
                 raise ValueError(f"--pq-m {pq_m} does not divide the dimension {dim}; try one of {divisors}")
             spec = replace(spec, pq_m=pq_m, pq_bits=self.pq_bits or 8)
-        if self.trained:
+        if self.kind in ("ivf", "ivfpq"):
             wanted = 40 * spec.nlist
             if self.kind == "ivfpq":
                 wanted = max(wanted, 40 * 2 ** spec.pq_bits)
@@ -111,7 +139,11 @@ class DenseIndexSpec:
             spec._check_training(n, dim)
         if self.kind == "hnsw":
             spec = replace(spec, hnsw_m=self.hnsw_m or 32, ef_construction=self.ef_construction or 200,
-                           ef_search=self.ef_search or DEFAULT_EF_SEARCH)
+                           ef_search=self.ef_search or DEFAULT_EF_SEARCH, hnsw_storage=self.hnsw_storage or "flat")
+            if self.hnsw_storage == "sq8":
+                spec = replace(spec, train_sample=min(n, self.train_sample or DEFAULT_SQ_TRAIN))
+        if self.refine:
+            spec = replace(spec, k_factor=self.k_factor or DEFAULT_K_FACTOR)
         return spec
 
     def _check_training(self, n: int, dim: int) -> None:
@@ -135,8 +167,11 @@ class DenseIndexSpec:
         """The parameters that apply to this type (for the manifest)."""
         out = {k: v for k, v in asdict(self).items() if k != "kind"}
         keep = {"flat": (), "ivf": ("nlist", "train_sample", "nprobe"),
-                "ivfpq": ("nlist", "pq_m", "pq_bits", "opq", "train_sample", "nprobe"),
-                "hnsw": ("hnsw_m", "ef_construction", "ef_search")}[self.kind]
+                "ivfpq": ("nlist", "pq_m", "pq_bits", "opq", "train_sample", "nprobe")
+                + (("refine", "k_factor") if self.refine else ()),
+                "hnsw": ("hnsw_m", "ef_construction", "ef_search")
+                + (("hnsw_storage",) if self.hnsw_storage not in ("", "flat") else ())
+                + (("train_sample",) if self.hnsw_storage == "sq8" else ())}[self.kind]
         return {k: v for k, v in out.items() if k in keep or k == "shard_size"}
 
     @classmethod
@@ -147,9 +182,17 @@ class DenseIndexSpec:
     def factory_string(self) -> str:
         """The FAISS ``index_factory`` name of this (resolved) spec, for people who know FAISS."""
         opq = f"OPQ{self.pq_m}," if self.opq else ""
+        refine = {"": "", "flat": ",RFlat", "fp16": ",Refine(SQfp16)", "sq8": ",Refine(SQ8)"}[self.refine]
+        storage = {"": ",Flat", "flat": ",Flat", "fp16": "_SQfp16", "sq8": "_SQ8"}[self.hnsw_storage]
         return {"flat": "Flat", "ivf": f"IVF{self.nlist},Flat",
-                "ivfpq": f"{opq}IVF{self.nlist},PQ{self.pq_m}x{self.pq_bits}np",
-                "hnsw": f"HNSW{self.hnsw_m},Flat"}[self.kind]
+                "ivfpq": f"{opq}IVF{self.nlist},PQ{self.pq_m}x{self.pq_bits}np{refine}",
+                "hnsw": f"HNSW{self.hnsw_m}{storage}"}[self.kind]
+
+
+def _scalar_quantizer(storage: str):
+    import faiss
+
+    return {"fp16": faiss.ScalarQuantizer.QT_fp16, "sq8": faiss.ScalarQuantizer.QT_8bit}[storage]
 
 
 def new_index(spec: DenseIndexSpec, dim: int):
@@ -160,7 +203,10 @@ def new_index(spec: DenseIndexSpec, dim: int):
     if spec.kind == "flat":
         return faiss.IndexFlatIP(dim)
     if spec.kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, ip)
+        if spec.hnsw_storage in ("", "flat"):
+            index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, ip)
+        else:
+            index = faiss.IndexHNSWSQ(dim, _scalar_quantizer(spec.hnsw_storage), spec.hnsw_m, ip)
         index.hnsw.efConstruction = spec.ef_construction
         index.hnsw.efSearch = spec.ef_search
         return index
@@ -173,7 +219,12 @@ def new_index(spec: DenseIndexSpec, dim: int):
         index.do_polysemous_training = False
     index.nprobe = spec.nprobe
     if spec.kind == "ivfpq" and spec.opq:
-        return faiss.IndexPreTransform(faiss.OPQMatrix(dim, spec.pq_m), index)
+        index = faiss.IndexPreTransform(faiss.OPQMatrix(dim, spec.pq_m), index)
+    if spec.refine:
+        copy = faiss.IndexFlatIP(dim) if spec.refine == "flat" else \
+            faiss.IndexScalarQuantizer(dim, _scalar_quantizer(spec.refine), ip)
+        index = faiss.IndexRefine(index, copy)  # the wrapper keeps both alive (and trains both)
+        index.k_factor = spec.k_factor
     return index
 
 
@@ -265,14 +316,25 @@ def index_kind(index) -> str:
     return type(inner).__name__
 
 
-def search_parameters(index, *, nprobe: int | None = None, ef_search: int | None = None):
+def refine_of(index):
+    """The ``IndexRefine`` wrapping ``index`` (re-ranking, see the module docstring), or None."""
+    import faiss
+
+    inner = faiss.downcast_index(index)
+    return inner if isinstance(inner, faiss.IndexRefine) else None
+
+
+def search_parameters(index, *, nprobe: int | None = None, ef_search: int | None = None,
+                      k_factor: int | None = None):
     """Per-call FAISS search parameters for ``index`` (None: the index's own). Passed to every ``search`` call,
     so nothing on the shared index changes and concurrent searches with different settings cannot race.
 
-    ``nprobe`` applies to IVF types, ``ef_search`` to HNSW; either given for another type raises ValueError."""
+    ``nprobe`` applies to IVF types, ``ef_search`` to HNSW, ``k_factor`` to an index that re-ranks (``refine``);
+    one given for another type raises ValueError."""
     import faiss
 
     kind = index_kind(index)
+    refine = refine_of(index)
     if nprobe is not None and (nprobe < 1 or kind not in ("ivf", "ivfpq")):
         raise ValueError(f"nprobe={nprobe} cannot be used: nprobe (>= 1) applies to ivf/ivfpq dense indexes, and this "
                          f"one is {kind}; leave --nprobe out" if kind not in ("ivf", "ivfpq")
@@ -281,6 +343,10 @@ def search_parameters(index, *, nprobe: int | None = None, ef_search: int | None
         raise ValueError(f"ef_search={ef_search} cannot be used: ef_search (>= 1) applies to hnsw dense indexes, and "
                          f"this one is {kind}; leave --ef-search out" if kind != "hnsw"
                          else f"ef_search must be >= 1, got {ef_search}")
+    if k_factor is not None and (k_factor < 1 or refine is None):
+        raise ValueError(f"k_factor={k_factor} cannot be used: k_factor (>= 1) applies to a dense index built with "
+                         f"--refine, and this {kind} index re-ranks nothing; leave --k-factor out" if refine is None
+                         else f"k_factor must be >= 1, got {k_factor}")
     if nprobe is not None:
         inner = faiss.SearchParametersIVF()
         inner.nprobe = int(nprobe)
@@ -288,13 +354,21 @@ def search_parameters(index, *, nprobe: int | None = None, ef_search: int | None
         inner = faiss.SearchParametersHNSW()
         inner.efSearch = int(ef_search)
     else:
-        return None
-    if isinstance(index, faiss.IndexPreTransform):
+        inner = None
+    base = refine.base_index if refine is not None else index
+    if inner is not None and isinstance(faiss.downcast_index(base), faiss.IndexPreTransform):
         outer = faiss.SearchParametersPreTransform()
         outer.index_params = inner
         outer.referenced_objects = [inner]  # SWIG does not keep the inner object alive
-        return outer
-    return inner
+        inner = outer
+    if refine is None or (inner is None and k_factor is None):
+        return inner
+    # IndexRefine takes k_factor from the parameters whenever they are given (default 1), so the index's own
+    # k_factor is passed on when only the base's settings change
+    params = faiss.IndexRefineSearchParameters(k_factor=float(k_factor if k_factor is not None else refine.k_factor),
+                                               base_index_params=inner)
+    params.referenced_objects = [inner]
+    return params
 
 
 class FaissShards:
@@ -321,8 +395,8 @@ class FaissShards:
     def ntotal(self) -> int:
         return int(self.offsets[-1])
 
-    def parameters(self, *, nprobe: int | None = None, ef_search: int | None = None):
-        return search_parameters(self.indexes[0], nprobe=nprobe, ef_search=ef_search)
+    def parameters(self, *, nprobe: int | None = None, ef_search: int | None = None, k_factor: int | None = None):
+        return search_parameters(self.indexes[0], nprobe=nprobe, ef_search=ef_search, k_factor=k_factor)
 
     def search(self, queries: np.ndarray, k: int, params=None) -> tuple[np.ndarray, np.ndarray]:
         """Scores and global row numbers, ``(len(queries), k)`` each; -1 rows where fewer than k were found (with

@@ -22,7 +22,8 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
                   fusion: str = "weighted", alpha: float = 0.3, depth: int = 50, threads: int | None = None,
                   k1: float | None = None, b: float | None = None, corpus: str | None = None,
                   cache_size: int | None = None, timeout: float = 10.0, retries: int = 3,
-                  nprobe: int | None = None, ef_search: int | None = None, mmap: bool = True) -> Searcher:
+                  nprobe: int | None = None, ef_search: int | None = None, k_factor: int | None = None,
+                  mmap: bool = True) -> Searcher:
     """A :class:`Searcher` for ``index``: an index directory, or the URL of ``agentic-rag serve-search``.
 
     The index is checked against its manifest (parts present, document counts, encoder); every failure
@@ -30,19 +31,20 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
     ``cache_size`` entries of LRU cache go in front; ``0`` means no cache. Left out (None), a local index
     gets none and a URL gets 10000 (GRPO repeats queries, and each repeat would be a network round trip).
 
-    Dense part: ``nprobe`` (ivf, ivfpq) and ``ef_search`` (hnsw) override the defaults the manifest records;
+    Dense part: ``nprobe`` (ivf, ivfpq), ``ef_search`` (hnsw) and ``k_factor`` (an index built with ``refine``)
+    override the defaults the manifest records;
     ``mmap`` memory-maps the FAISS files (opening takes milliseconds; pages load on first use).
     """
     if retriever not in RETRIEVERS:
         raise ValueError(f"unknown retriever {retriever!r}; choose one of {', '.join(RETRIEVERS)}")
     if cache_size is not None and cache_size < 0:
         raise ValueError(f"cache_size must be >= 0 (0 = no cache), got {cache_size}")
-    tuning = {"nprobe": nprobe, "ef_search": ef_search}
+    tuning = {"nprobe": nprobe, "ef_search": ef_search, "k_factor": k_factor}
     if any(v is not None for v in tuning.values()):
         named = ", ".join(f"{k}={v}" for k, v in tuning.items() if v is not None)
         if is_url(index):
             raise ValueError(f"{named} cannot be set by a client of {index}: the server searches; start it with "
-                             f"agentic-rag serve-search --nprobe N / --ef-search N")
+                             f"agentic-rag serve-search --nprobe N / --ef-search N / --k-factor N")
         if retriever == "bm25":
             raise ValueError(f"{named} tune the dense index, and retriever 'bm25' has none: use --retriever dense "
                              f"or hybrid, or leave them out")
@@ -124,9 +126,10 @@ def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | N
                                 f"with --corpus FILE (the corpus the FAISS index was built from, in row order), "
                                 f"or with --lucene DIR and a FAISS directory that has a 'docid' file")
     tuning = tuning or {}
-    nprobe, ef_search = (tuning.get(k) if tuning.get(k) is not None else part.params.get(k)
-                         for k in ("nprobe", "ef_search"))
-    searcher = DenseSearcher(encoder, faiss_paths, lookup, nprobe=nprobe, ef_search=ef_search, mmap=mmap)
+    nprobe, ef_search, k_factor = (tuning.get(k) if tuning.get(k) is not None else part.params.get(k)
+                                   for k in ("nprobe", "ef_search", "k_factor"))
+    searcher = DenseSearcher(encoder, faiss_paths, lookup, nprobe=nprobe, ef_search=ef_search, k_factor=k_factor,
+                             mmap=mmap)
     if searcher.num_docs != part.docs:
         where = faiss_paths[0] if len(faiss_paths) == 1 else f"{faiss_paths[0].parent} ({len(faiss_paths)} shards)"
         raise IndexMismatchError(f"the FAISS index at {where} holds {searcher.num_docs} vectors but the "
