@@ -87,7 +87,8 @@ def test_shuffled_rewards_keep_the_batch_distribution_and_lose_the_pairing(monke
         t = object.__new__(AgenticGRPOTrainer)
         t.agent = type("A", (), {"shuffle_rewards": shuffle})()
         t.args = type("Args", (), {"seed": seed})()
-        t._shuffle_calls = 0
+        t.state = type("State", (), {"global_step": 0})()
+        t._shuffle_step, t._shuffle_calls = -1, 0
         return t
 
     assert torch.equal(trainer(False, 0)._calculate_rewards(None, [], [], []), rewards)
@@ -99,6 +100,17 @@ def test_shuffled_rewards_keep_the_batch_distribution_and_lose_the_pairing(monke
         assert sorted(out[:, 0].tolist()) == rewards[:, 0].tolist(), "the same rewards, so the same mean"
     assert not torch.equal(first, second), "a new permutation every batch"
     assert torch.equal(trainer(True, 0)._calculate_rewards(None, [], [], []), first), "reproducible from the seed"
+    # keyed by the optimizer step, not by calls since the process started: a run resumed at step 3 draws what the
+    # uninterrupted run draws at step 3 (a call counter restarting at 0 would repeat step 0's permutation)
+    uninterrupted = trainer(True, 0)
+    drawn = []
+    for step in range(4):
+        uninterrupted.state.global_step = step
+        drawn.append(uninterrupted._calculate_rewards(None, [], [], []))
+    resumed = trainer(True, 0)
+    resumed.state.global_step = 3
+    assert torch.equal(resumed._calculate_rewards(None, [], [], []), drawn[3])
+    assert not torch.equal(drawn[3], drawn[0])
 
 
 def test_quickstart_end_to_end_small(tmp_path):

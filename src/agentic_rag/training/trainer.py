@@ -421,7 +421,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                    shuffle_rewards=shuffle_rewards, dynamic_sampling=bool(dynamic_sampling),
                                    max_extra_rollouts=per_generation if max_extra_rollouts is None
                                    else max_extra_rollouts)
-        self._shuffle_calls = 0
+        self._shuffle_step, self._shuffle_calls = -1, 0  # the shuffled-reward control's position (step, call)
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
         self._active_env: list[list[int]] | torch.Tensor | None = None  # env_mask of the rows being scored
@@ -526,8 +526,13 @@ class AgenticGRPOTrainer(GRPOTrainer):
             # The control run: every completion gets the rewards of a random other completion of the batch
             # (all reward functions permuted together). The batch's reward distribution, and so every logged
             # reward mean, is unchanged; what is lost is which completion earned it. The permutation depends
-            # only on the seed and the call count, so all processes apply the same one to the gathered rows.
-            gen = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._shuffle_calls)
+            # only on the seed, the optimizer step and the call count within that step (dynamic sampling scores
+            # several batches a step), so all processes apply the same one to the gathered rows, and a run resumed
+            # from a checkpoint draws the permutations the uninterrupted run would have drawn.
+            step = int(self.state.global_step)
+            if step != self._shuffle_step:
+                self._shuffle_step, self._shuffle_calls = step, 0
+            gen = torch.Generator().manual_seed(self.args.seed * 1_000_003 + step * 1_009 + self._shuffle_calls)
             self._shuffle_calls += 1
             rewards = rewards[torch.randperm(rewards.shape[0], generator=gen).to(rewards.device)]
         self._rewards_per_func = rewards
