@@ -149,7 +149,7 @@ def test_hnsw_recall_grows_with_ef_search(built, qvecs, truth):
 def test_refine_flat_rescores_the_pq_candidates_with_the_stored_vectors(wiki_index, built, qvecs, truth):
     """Re-ranking with float32 copies: the scores returned are the exact inner products of the rows returned, and
     the rows are the true top 10 wherever they were among the k_factor·k candidates PQ proposed (all 345 at the
-    default 16 x 10 over 8 of 8 lists here; at k_factor 1 the PQ top 10 only, reordered: PQ's recall)."""
+    default 64 x 10 over 8 of 8 lists here; at k_factor 1 the PQ top 10 only, reordered: PQ's recall)."""
     vectors = VectorParts(wiki_index / "dense" / "vectors").all()
     rflat = built("ivfpq-rflat")
     scores, rows = search_rows(rflat, qvecs)

@@ -402,7 +402,7 @@ def run_build(kind: str, threads: int, job: dict[str, Any]) -> dict[str, Any]:
 def dense_spec(kind: str, n: int, dim: int, args: argparse.Namespace) -> DenseIndexSpec:
     """The resolved spec of a FAISS type: ivf/ivfpq nlist = --nlist (0: 4096, at most n/39), pq_m = dim/8,
     hnsw M = --hnsw-m, efConstruction = --ef-construction; ``ivfpq-sq8`` is ivfpq re-ranked with SQ8 copies of the
-    vectors, ``hnsw-sq8`` hnsw over SQ8 codes. Query defaults (the server's): nprobe 64, efSearch 128, k_factor 16."""
+    vectors, ``hnsw-sq8`` hnsw over SQ8 codes. Query defaults (the server's): nprobe 64, efSearch 128, k_factor 64."""
     nlist = args.nlist or max(1, min(4096, n // 39))  # k-means wants 39 training points a list
     ivfpq = DenseIndexSpec("ivfpq", nlist=nlist, pq_m=args.pq_m or dim // 8)
     hnsw = DenseIndexSpec("hnsw", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction)

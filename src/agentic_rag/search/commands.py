@@ -28,7 +28,7 @@ def add_searcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ef-search", type=int, default=None,
                    help="hnsw dense index: search beam width (default: the index's, 128)")
     p.add_argument("--k-factor", type=int, default=None,
-                   help="dense index built with --refine: candidates re-scored per hit (default: the index's, 16)")
+                   help="dense index built with --refine: candidates re-scored per hit (default: the index's, 64)")
     p.add_argument("--no-mmap", dest="mmap", action="store_false",
                    help="read the FAISS index into memory instead of memory-mapping it")
 
@@ -171,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ivfpq: keep a copy of the vectors (float32, half floats or 8-bit codes) and re-rank the "
                         "PQ candidates with it")
     b.add_argument("--k-factor", type=int, default=0,
-                   help="ivfpq with --refine: candidates re-scored per hit wanted (0: 16); --k-factor at search "
+                   help="ivfpq with --refine: candidates re-scored per hit wanted (0: 64); --k-factor at search "
                         "time overrides it")
     b.add_argument("--train-sample", type=int, default=0,
                    help="ivf/ivfpq: vectors to train on, drawn uniformly (0: 40 per list, at least 40*2^pq-bits); "
