@@ -122,6 +122,18 @@ def proc_memory(pid: int | str = "self") -> dict[str, float]:
     return out
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server's worker processes), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            children = (task / "children").read_text().split() if (task / "children").is_file() else []
+            todo.extend(int(c) for c in children)
+    return out
+
+
 def percentiles(seconds: list[float]) -> dict[str, float]:
     ms = sorted(x * 1000 for x in seconds)
     return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 3)}
@@ -534,8 +546,10 @@ def measure_dense(kind: str, index_dir: Path, build: dict[str, Any], qvecs: np.n
             "open_read_s": round(open_read, 3), "settings": settings, "server": server}
 
 
-def start_server(index_dir: Path, retriever: str, threads: int, log: Path) -> tuple[subprocess.Popen, str, float]:
-    """``agentic-rag serve-search`` (one process, cache off) on a free port; returns once ``/health`` answers."""
+def start_server(index_dir: Path, retriever: str, threads: int, log: Path,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, float]:
+    """``agentic-rag serve-search`` (cache off; one process unless ``extra`` says ``--workers``) on a free port;
+    returns once ``/health`` answers (with several workers: once every worker has answered)."""
     import socket
 
     import httpx
@@ -549,15 +563,20 @@ def start_server(index_dir: Path, retriever: str, threads: int, log: Path) -> tu
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search",
                                  "--index", str(index_dir), "--retriever", retriever, "--port", str(port),
-                                 "--cache-size", "0", "--threads", str(threads)], stdout=f, stderr=subprocess.STDOUT,
-                                env=env)
+                                 "--cache-size", "0", "--threads", str(threads), *extra], stdout=f,
+                                stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
+    pids: set[int] = set()
     while time.perf_counter() - t0 < 900:
         if proc.poll() is not None:
             raise RuntimeError(f"the search server exited ({proc.returncode}); see {log}")
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url, time.perf_counter() - t0
+            r = httpx.get(url + "/health", timeout=1)  # a new connection each time: any worker may take it
+            if r.status_code == 200:
+                health = r.json()
+                pids.add(health.get("pid", proc.pid))
+                if len(pids) >= health.get("workers", 1):
+                    return proc, url, time.perf_counter() - t0
         except httpx.TransportError:
             time.sleep(0.05)
     proc.kill()
@@ -583,6 +602,65 @@ def measure_server(index_dir: Path, retriever: str, texts: list[str], args: argp
     return {"startup_s": round(startup, 2), "rss_mb_started": rss_start["VmRSS"], "rss_mb": rss_after["VmRSS"],
             "rss_anon_mb": rss_after["RssAnon"], "rss_file_mb": rss_after["RssFile"],
             "peak_rss_mb": rss_after["VmHWM"], **result, "server_queries": health["queries"]}
+
+
+# query-time settings of the load test: the lowest measured at 1M that reach recall@10 0.95 (SCALE.md)
+LOAD_SETTINGS = {"ivfpq-sq8": {"nprobe": 512, "k_factor": 64}, "hnsw-sq8": {"ef_search": 512},
+                 "hnsw": {"ef_search": 256}, "ivfpq": {"nprobe": 64}, "flat": {}}
+
+
+def _client(url: str, questions: list[str], latencies: list[float]) -> None:
+    """One load-test client: ``questions`` one at a time over its own connection, each request's seconds kept."""
+    from agentic_rag.search.client import HTTPSearcher
+
+    with HTTPSearcher(url, cache_size=0, timeout=120) as client:
+        for q in questions:
+            t = time.perf_counter()
+            client.search(q, K)
+            latencies.append(time.perf_counter() - t)
+
+
+def measure_load(index_dir: Path, kind: str, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The server under concurrent clients: for each ``--load-workers`` W a server with W worker processes (cache
+    off, ``LOAD_SETTINGS[kind]``), and for each ``--load-clients`` C, C client threads that each send their share of
+    the questions one at a time (``POST /search``, k 10; every question once, after one warm pass). Throughput is
+    questions / wall time; latencies are per request. Clients and server share the machine's cores, as a trainer's
+    rollout workers would."""
+    import threading
+
+    from agentic_rag.search.client import HTTPSearcher
+
+    setting = LOAD_SETTINGS.get(kind, {})
+    extra = tuple(a for k, v in setting.items() for a in (f"--{k.replace('_', '-')}", str(v)))
+    out: dict[str, Any] = {"setting": setting, "runs": []}
+    for workers in args.load_workers:
+        proc, url, startup = start_server(index_dir, "dense", args.threads,
+                                          args.out / f"server-load-{kind}{args.tag}-w{workers}.log",
+                                          (*extra, "--workers", str(workers)))
+        try:
+            with HTTPSearcher(url, cache_size=0, timeout=120) as client:
+                client.batch_search(texts, K)  # warm: the mapped pages of every worker's index
+            for clients in args.load_clients:
+                latencies: list[list[float]] = [[] for _ in range(clients)]
+                threads = [threading.Thread(target=_client, args=(url, texts[c::clients], latencies[c]))
+                           for c in range(clients)]
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                flat = [x for lat in latencies for x in lat]
+                entry = {"workers": workers, "clients": clients, "qps": round(len(flat) / wall, 1),
+                         **percentiles(flat), "startup_s": round(startup, 2)}
+                say(f"load {kind} {entry}")
+                out["runs"].append(entry)
+            # every process of the server: the supervisor and its workers (file pages are shared between them)
+            out.setdefault("rss_mb", {})[str(workers)] = [proc_memory(p) for p in process_tree(proc.pid)]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return out
 
 
 def measure_bm25(index_dir: Path, pool_dir: Path, build: dict[str, Any], texts: list[str],
@@ -660,6 +738,9 @@ def main() -> None:
     ap.add_argument("--ef-search", default="32,64,128,256", help="hnsw query settings measured")
     ap.add_argument("--k-factor", default="4,8,16,32", help="ivfpq-sq8: re-ranking settings measured (x nprobe)")
     ap.add_argument("--remeasure", action="store_true", help="measure again even where results are cached")
+    ap.add_argument("--load", default="", help="dense types (of --types) whose server is load-tested (LOAD_SETTINGS)")
+    ap.add_argument("--load-clients", default="1,4,16", help="concurrent clients of the load test")
+    ap.add_argument("--load-workers", default="1,2", help="server worker processes of the load test")
     args = ap.parse_args()
     types = [t for t in args.types.split(",") if t]
     if bad := [t for t in types if t not in TYPES]:
@@ -667,6 +748,11 @@ def main() -> None:
     args.nprobe = [int(x) for x in args.nprobe.split(",")]
     args.ef_search = [int(x) for x in args.ef_search.split(",")]
     args.k_factor = [int(x) for x in args.k_factor.split(",")]
+    args.load = [t for t in args.load.split(",") if t]
+    if bad := [t for t in args.load if t not in types or t == "bm25"]:
+        ap.error(f"--load: {bad} are not dense types of --types")
+    args.load_clients = [int(x) for x in args.load_clients.split(",")]
+    args.load_workers = [int(x) for x in args.load_workers.split(",")]
     args.out = args.out.resolve()
     args.tag = f"-pc{args.parent_cos:g}" if args.parent_cos else ""  # another noise scale: its own files
     (args.out / "results").mkdir(parents=True, exist_ok=True)
@@ -722,6 +808,16 @@ def main() -> None:
             cached = {"config": config, "result": measure_dense(kind, index_dir, build, qvecs, truth, texts, args)}
             write_json(cache, cached)
         results[kind] = cached["result"]
+        if kind in args.load:
+            cache = args.out / "results" / f"load-{kind}-{args.n}{args.tag}.json"
+            config = {"build": build, "queries": len(texts), "threads": args.threads, "clients": args.load_clients,
+                      "workers": args.load_workers, "setting": LOAD_SETTINGS.get(kind, {})}
+            cached = read_json(cache)
+            if cached is None or cached.get("config") != config or args.remeasure:
+                say(f"load-testing the {kind} server")
+                cached = {"config": config, "result": measure_load(index_dir, kind, texts, args)}
+                write_json(cache, cached)
+            results[kind]["load"] = cached["result"]
     if "bm25" in types:
         index_dir, build = build_bm25(corpus, f"bm25-{args.n}", args.out, args.threads)
         pool_dir, _ = build_bm25(write_pool(pool, args.out), "bm25-pool", args.out, args.threads)
