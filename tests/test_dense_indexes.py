@@ -194,6 +194,21 @@ def test_query_time_settings_that_do_not_apply_are_refused(built):
         open_searcher(built("ivfpq-rflat"), "dense", k_factor=0)
 
 
+def test_build_options_that_do_not_apply_are_refused():
+    from agentic_rag.search.dense_index import DenseIndexSpec
+
+    with pytest.raises(ValueError, match="--refine .for ivfpq. do.es. not apply to a hnsw index"):
+        DenseIndexSpec(kind="hnsw", refine="sq8")
+    with pytest.raises(ValueError, match="--k-factor .* give --refine too"):
+        DenseIndexSpec(kind="ivfpq", k_factor=4)
+    with pytest.raises(ValueError, match="--train-sample applies to an hnsw index only with --hnsw-storage sq8"):
+        DenseIndexSpec(kind="hnsw", hnsw_storage="fp16", train_sample=1000)
+    with pytest.raises(ValueError, match="--hnsw-storage must be one of flat, fp16, sq8, got 'sq4'"):
+        DenseIndexSpec(kind="hnsw", hnsw_storage="sq4")
+    assert DenseIndexSpec(kind="hnsw", hnsw_storage="sq8").resolved(345, 384).train_sample == 345
+    assert DenseIndexSpec(kind="ivfpq", refine="fp16").resolved(345, 384).k_factor == 64
+
+
 # ------------------------------------------------------------------------------------------------ manifest
 
 

@@ -91,12 +91,10 @@ class DenseIndexSpec:
             value = getattr(self, f.name)
             if f.type in ("int", int) and value < 0:
                 raise ValueError(f"--{f.name.replace('_', '-')} must be >= 0 (0 = automatic), got {value}")
-        applies = {"nlist": ("ivf", "ivfpq"), "train_sample": ("ivf", "ivfpq"), "nprobe": ("ivf", "ivfpq"),
+        applies = {"nlist": ("ivf", "ivfpq"), "train_sample": ("ivf", "ivfpq", "hnsw"), "nprobe": ("ivf", "ivfpq"),
                    "pq_m": ("ivfpq",), "pq_bits": ("ivfpq",), "opq": ("ivfpq",),
                    "hnsw_m": ("hnsw",), "ef_construction": ("hnsw",), "ef_search": ("hnsw",),
                    "refine": ("ivfpq",), "k_factor": ("ivfpq",), "hnsw_storage": ("hnsw",)}
-        if self.kind == "hnsw" and self.hnsw_storage == "sq8":
-            applies["train_sample"] = ("ivf", "ivfpq", "hnsw")  # the SQ8 ranges are learnt
         wrong = [name for name, kinds in applies.items() if getattr(self, name) and self.kind not in kinds]
         if wrong:
             opts = ", ".join(f"--{w.replace('_', '-')} (for {'/'.join(applies[w])})" for w in wrong)
