@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.server
 import itertools
 import json
+import multiprocessing
+import socket
 import string
 import threading
 import time
@@ -18,7 +20,7 @@ import uvicorn
 from agentic_rag.search import SearchError, open_searcher
 from agentic_rag.search.client import HTTPSearcher, SearchRequestError
 from agentic_rag.search.jvm import set_max_clause_count
-from agentic_rag.search.server import ServerLimits, create_app
+from agentic_rag.search.server import ServerLimits, TCPNoDelayConfig, create_app
 from agentic_rag.search.types import MAX_QUERY_CHARS, PartialSearchError
 from conftest import free_port, start_search_server
 
@@ -365,3 +367,59 @@ def test_unreachable_server_fails_with_the_url():
     with HTTPSearcher(f"http://127.0.0.1:{port}", retries=1, backoff=0.01) as s, \
             pytest.raises(SearchError, match=f"127.0.0.1:{port}.*ConnectError"):
         s.search("q", 1)
+
+
+def _report_nodelay(listener: socket.socket, out) -> None:
+    """In a spawned process (the listening socket pickled into it, as uvicorn's supervisor hands it to a worker):
+    accept one connection through asyncio, as a worker's server does, and report its TCP_NODELAY."""
+    import asyncio
+
+    class Report(asyncio.Protocol):
+        def connection_made(self, transport):
+            sock = transport.get_extra_info("socket")
+            out.put(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Report, sock=listener)
+        async with server:
+            await asyncio.sleep(30)
+
+    asyncio.run(main())
+
+
+def _nodelay_in_a_worker(config: uvicorn.Config) -> int:
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    listener = config.bind_socket()
+    child = context.Process(target=_report_nodelay, args=(listener, out), daemon=True)
+    child.start()
+    try:
+        deadline = time.time() + 60
+        while True:  # the socket listens once the child's asyncio server is up
+            try:
+                conn = socket.create_connection(listener.getsockname()[:2], timeout=30)
+                break
+            except ConnectionRefusedError:
+                if time.time() > deadline or not child.is_alive():
+                    raise
+                time.sleep(0.05)
+        with conn:
+            return out.get(timeout=60)
+    finally:
+        child.kill()
+        child.join(30)
+        listener.close()
+
+
+def test_worker_processes_answer_without_nagles_delay():
+    """``serve-search --workers N``: a connection a worker accepts has TCP_NODELAY set. uvicorn's own config binds
+    the shared socket with protocol 0, so asyncio leaves Nagle's algorithm on and every keep-alive response waits
+    for the client's delayed ACK (~40 ms on Linux; uvicorn issue #3149); ``TCPNoDelayConfig`` binds it declaring
+    TCP. The uvicorn half shows the bug is still there: when it fails, uvicorn has fixed it and the subclass can go."""
+    def config(cls):
+        return cls("agentic_rag.search.server:app_from_environment", factory=True, host="127.0.0.1", port=0,
+                   workers=2, log_level="warning")
+
+    assert _nodelay_in_a_worker(config(TCPNoDelayConfig)) == 1
+    assert _nodelay_in_a_worker(config(uvicorn.Config)) == 0

@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -273,14 +275,30 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
 def serve(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, *, limits: ServerLimits | None = None,
           info: dict[str, Any] | None = None, log_level: str = "warning") -> None:
     """Serve until interrupted (uvicorn, one process: the searcher and its JVM are not forked)."""
-    import uvicorn
-
     app = create_app(searcher, limits=limits, info=info)
     uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1, access_log=False)
 
 
 WORKER_ENV = "AGENTIC_RAG_SEARCH_WORKER"
 WORKER_STARTUP_S = 600  # a worker may take this long to open its searcher before the supervisor gives up on it
+
+
+class TCPNoDelayConfig(uvicorn.Config):
+    """A ``uvicorn.Config`` whose listening socket declares its protocol, so that every connection accepted from it
+    gets TCP_NODELAY.
+
+    uvicorn 0.54 binds the socket it hands to its worker processes with ``proto`` 0 (uvicorn issue #3149, open);
+    asyncio turns Nagle's algorithm off only on accepted sockets whose ``proto`` is IPPROTO_TCP, so each keep-alive
+    response (headers, then body) waited for the client's delayed ACK: a lone client of two workers measured
+    64 ms a query against 22 ms from one process (experiments/retrieval/SCALE.md). The same descriptor wrapped
+    again reads its real protocol (6) from the kernel, and that survives the pickling into the spawned workers.
+    (A class at module level: the supervisor pickles its config into every worker.)"""
+
+    def bind_socket(self) -> socket.socket:
+        sock = super().bind_socket()
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return sock
+        return socket.socket(fileno=sock.detach())  # family, type and proto read from the descriptor
 
 
 def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, *, workers: int = 2,
@@ -302,7 +320,6 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
     import json
     import tempfile
 
-    import uvicorn
 
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
@@ -318,8 +335,16 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
               "workers": workers}, "workers": workers, "failure_file": failure_file}
     os.environ[WORKER_ENV] = json.dumps(config)
     try:
-        uvicorn.run(f"{__name__}:app_from_environment", factory=True, host=host, port=port, workers=workers,
-                    log_level=log_level, access_log=False, timeout_worker_healthcheck=WORKER_STARTUP_S)
+        from uvicorn.supervisors import Multiprocess
+
+        # what uvicorn.run does for workers > 1, with a listening socket whose accepted connections get TCP_NODELAY
+        server_config = TCPNoDelayConfig(f"{__name__}:app_from_environment", factory=True, host=host,
+                                              port=port, workers=workers, log_level=log_level, access_log=False,
+                                              timeout_worker_healthcheck=WORKER_STARTUP_S)
+        try:
+            Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
+        except KeyboardInterrupt:
+            pass
         with open(failure_file, encoding="utf-8") as f:
             failure = f.read().strip()
     finally:
