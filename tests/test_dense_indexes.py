@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +29,7 @@ from agentic_rag.search.build import build_index, open_docstore
 from agentic_rag.search.dense import Encoder
 from agentic_rag.search.manifest import IndexManifest
 from agentic_rag.search.vectors import PROGRESS, VectorParts, encode_corpus, read_progress
-from conftest import start_search_server, wiki_subset
+from conftest import free_port, start_search_server, wiki_subset
 
 K = 10
 N_QUESTIONS = 200
@@ -518,6 +520,26 @@ def test_two_worker_processes_answer_like_one_searcher(built, questions):
         pids = {p for p in pids if _alive(p)}
         time.sleep(0.2)
     assert not pids, f"worker processes {pids} outlived the server"
+
+
+
+@pytest.mark.slow
+def test_workers_that_cannot_open_the_searcher_stop_the_server_with_the_reason(built):
+    """``--k-factor`` on an index that does not re-rank: the manifest is fine, so the supervisor starts its workers,
+    and each fails to open its searcher. The command must end promptly with status 1 and the reason. (A failing
+    worker used to shut down slowly enough for a health ping to catch it half-dead, and the supervisor waited
+    the whole worker start-up allowance, 600 s, for the answer; the wait below is a guard against that hang, far
+    above the ~10 s the failure takes.)"""
+    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "serve-search", "--index", str(built("ivf")),
+                             "--retriever", "dense", "--k-factor", "4", "--workers", "2", "--port",
+                             str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the server whose workers failed did not stop: " + proc.communicate()[0][-2000:])
+    assert proc.returncode == 1, out[-2000:]
+    assert "a search worker could not start: ValueError: k_factor=4 cannot be used" in out
 
 
 def _alive(pid: int) -> bool:

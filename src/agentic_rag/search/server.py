@@ -381,7 +381,11 @@ def app_from_environment() -> FastAPI:
             f.write(f"{type(exc).__name__}: {exc}\n")
         from uvicorn.config import STARTUP_FAILURE
 
-        sys.exit(STARTUP_FAILURE)
+        # at once, without the interpreter's shutdown (seconds with torch and a JVM loaded): the supervisor pings
+        # each worker every half second and waits up to WORKER_STARTUP_S for the answer, and a worker that stops
+        # answering while it shuts down would hold the supervisor, and a user's Ctrl-C, that long
+        sys.stderr.flush()
+        os._exit(STARTUP_FAILURE)
     return create_app(searcher, limits=ServerLimits(**config["limits"]), info=config["info"])
 
 
