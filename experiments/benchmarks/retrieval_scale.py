@@ -134,6 +134,27 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
+def machine() -> dict[str, Any]:
+    """What ran the measurement: CPU model, cores, and the FAISS build (its SIMD level sets k-means and scan speed;
+    two runs with the same code differed 2.4x in IVF-PQ build time on different machines)."""
+    import platform
+
+    import faiss
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return {"cpu": fields.get("model name") or platform.processor(), "cores": os.cpu_count(),
+            "simd": [f for f in ("avx2", "avx512f", "avx512_vpopcntdq", "avx512_bf16", "amx_tile") if f in flags],
+            "faiss": faiss.__version__, "faiss_compile_options": faiss.get_compile_options().strip()}
+
+
 def percentiles(seconds: list[float]) -> dict[str, float]:
     ms = sorted(x * 1000 for x in seconds)
     return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 3)}
@@ -465,7 +486,7 @@ def build_dense(kind: str, grown: Grown, corpus_meta: dict[str, Any], corpus_dir
     manifest.save(tmp)
     shutil.rmtree(index_dir, ignore_errors=True)
     os.replace(tmp, index_dir)
-    meta = {"key": key, **stats, "built": time.time()}
+    meta = {"key": key, **stats, "built": time.time(), "machine": machine()}
     write_json(index_dir / "build.json", meta)
     return index_dir, meta
 
@@ -479,7 +500,7 @@ def build_bm25(corpus: Path, name: str, out: Path, threads: int) -> tuple[Path, 
         return index_dir, meta
     say(f"building the Lucene BM25 index {name}")
     meta = {"key": key, **run_build("bm25", threads, {"corpus": str(corpus), "out": str(index_dir)}),
-            "built": time.time()}
+            "built": time.time(), "machine": machine()}
     write_json(out / f"{name}.build.json", meta)
     return index_dir, meta
 
@@ -837,7 +858,7 @@ def main() -> None:
               "docstore_per_passage_bytes": round(corpus_meta["bytes"] / args.n, 2), "types": results,
               "per_passage_bytes": {k: r["per_passage_bytes"] for k, r in results.items()},
               "extrapolation_21m": extrapolate(results, args.n, dim), "wall_s": round(time.perf_counter() - wall, 1),
-              "out": str(args.out)}
+              "machine": machine(), "out": str(args.out)}
     print(json.dumps(result))
 
 
