@@ -522,7 +522,6 @@ def test_two_worker_processes_answer_like_one_searcher(built, questions):
     assert not pids, f"worker processes {pids} outlived the server"
 
 
-
 @pytest.mark.slow
 def test_workers_that_cannot_open_the_searcher_stop_the_server_with_the_reason(built):
     """``--k-factor`` on an index that does not re-rank: the manifest is fine, so the supervisor starts its workers,

@@ -306,20 +306,19 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
                   log_level: str = "warning") -> int:
     """Serve with ``workers`` processes on one listening socket until interrupted; returns the exit status.
 
-    uvicorn's supervisor binds the socket and *spawns* (never forks) the workers; each one opens its own
-    searcher from ``options`` (:func:`~agentic_rag.search.index.open_searcher`'s keyword arguments): its own JVM
-    and read-only Lucene searcher (pyjnius is neither thread- nor fork-safe, so there is no sharing to get
-    wrong), and the FAISS files memory-mapped, so N workers share one copy of the index in the page cache (an
-    index FAISS cannot map is held N times). Each worker gets ``cpu_count // workers`` threads (at least one)
-    for Lucene, FAISS and torch, so N workers do not oversubscribe the cores. The kernel hands each new
-    connection to one worker; ``/health`` answers for the worker that got it (its ``pid``).
+    The socket is bound here (:class:`TCPNoDelayConfig`) and uvicorn's supervisor *spawns* (never forks) the
+    workers; each one opens its own searcher from ``options`` (:func:`~agentic_rag.search.index.open_searcher`'s
+    keyword arguments): its own JVM and read-only Lucene searcher (pyjnius is neither thread- nor fork-safe, so
+    there is no sharing to get wrong), and the FAISS files memory-mapped, so N workers share one copy of the index
+    in the page cache (an index FAISS cannot map is held N times). Each worker gets ``cpu_count // workers``
+    threads (at least one) for Lucene, FAISS and torch, so N workers do not oversubscribe the cores. The kernel
+    hands each new connection to one worker; ``/health`` answers for the worker that got it (its ``pid``).
 
-    A worker that cannot open its searcher writes why to a file this process reads; the supervisor then stops
-    (uvicorn's start-up failure code), and the reason is logged and the status is 1.
+    A worker that cannot open its searcher writes why to a file this process reads and exits at once with uvicorn's
+    start-up failure code; the supervisor then stops, the reason is logged and the status is 1.
     """
     import json
     import tempfile
-
 
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
@@ -338,9 +337,9 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
         from uvicorn.supervisors import Multiprocess
 
         # what uvicorn.run does for workers > 1, with a listening socket whose accepted connections get TCP_NODELAY
-        server_config = TCPNoDelayConfig(f"{__name__}:app_from_environment", factory=True, host=host,
-                                              port=port, workers=workers, log_level=log_level, access_log=False,
-                                              timeout_worker_healthcheck=WORKER_STARTUP_S)
+        server_config = TCPNoDelayConfig(f"{__name__}:app_from_environment", factory=True, host=host, port=port,
+                                         workers=workers, log_level=log_level, access_log=False,
+                                         timeout_worker_healthcheck=WORKER_STARTUP_S)
         try:
             Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
         except KeyboardInterrupt:
