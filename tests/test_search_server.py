@@ -392,19 +392,11 @@ def _nodelay_in_a_worker(config: uvicorn.Config) -> int:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     listener = config.bind_socket()
+    listener.listen()  # so the connection below waits in the backlog until the child's server accepts it
     child = context.Process(target=_report_nodelay, args=(listener, out), daemon=True)
     child.start()
     try:
-        deadline = time.time() + 60
-        while True:  # the socket listens once the child's asyncio server is up
-            try:
-                conn = socket.create_connection(listener.getsockname()[:2], timeout=30)
-                break
-            except ConnectionRefusedError:
-                if time.time() > deadline or not child.is_alive():
-                    raise
-                time.sleep(0.05)
-        with conn:
+        with socket.create_connection(listener.getsockname()[:2], timeout=30):
             return out.get(timeout=60)
     finally:
         child.kill()

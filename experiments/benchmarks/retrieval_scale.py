@@ -653,7 +653,7 @@ def measure_load(index_dir: Path, kind: str, texts: list[str], args: argparse.Na
 
     setting = LOAD_SETTINGS.get(kind, {})
     extra = tuple(a for k, v in setting.items() for a in (f"--{k.replace('_', '-')}", str(v)))
-    out: dict[str, Any] = {"setting": setting, "runs": []}
+    out: dict[str, Any] = {"setting": setting, "runs": [], "rss_mb": {}}
     for workers in args.load_workers:
         proc, url, startup = start_server(index_dir, "dense", args.threads,
                                           args.out / f"server-load-{kind}{args.tag}-w{workers}.log",
@@ -677,7 +677,7 @@ def measure_load(index_dir: Path, kind: str, texts: list[str], args: argparse.Na
                 say(f"load {kind} {entry}")
                 out["runs"].append(entry)
             # every process of the server: the supervisor and its workers (file pages are shared between them)
-            out.setdefault("rss_mb", {})[str(workers)] = [proc_memory(p) for p in process_tree(proc.pid)]
+            out["rss_mb"][str(workers)] = [proc_memory(p) for p in process_tree(proc.pid)]
         finally:
             proc.terminate()
             proc.wait(timeout=60)
