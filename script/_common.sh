@@ -7,19 +7,29 @@ if [ -x "$ROOT/.venv/bin/python" ] && [ -z "${AGENTIC_RAG_NO_VENV:-}" ]; then
 else
   PY="${PYTHON:-python3}"
 fi
-# Read .env when present (variables documented in .env_format); the environment wins over the file.
+# Read the env file (variables documented in .env_format): $ENV_FILE when set, else .env when present; the
+# environment wins over the file. A file named by ENV_FILE must exist, and a line that is not KEY=VALUE, a comment
+# or blank stops the script with the file and the line number (not the line: it may hold a secret).
 load_dotenv() {
-  local f="${1:-$ROOT/.env}"
-  [ -f "$f" ] || return 0
+  local f="${1:-${ENV_FILE:-$ROOT/.env}}"
+  if [ ! -f "$f" ] && [ ! -c "$f" ]; then
+    if [ -n "${1:-}${ENV_FILE:-}" ]; then
+      echo "error: ENV_FILE names $f, which is not a file (unset ENV_FILE to read $ROOT/.env)" >&2
+      exit 2
+    fi
+    return 0
+  fi
   local line key n=0
   while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
     line="${line%%$'\r'}"
     [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
-    key="${line%%=*}"; key="${key// /}"
-    # only the line number: the line may hold a secret (a value, or a key pasted without its name)
+    line="${line#"${line%%[![:space:]]*}"}"
+    line="${line#export }"
+    key="${line%%=*}"; key="${key%"${key##*[![:space:]]}"}"
     [[ "$line" == *=* && "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || {
-      echo "ignoring malformed line $n in $f (expected KEY=VALUE)" >&2; continue; }
+      echo "error: $f line $n is not KEY=VALUE (a comment starts with #); fix or remove that line" >&2
+      exit 2; }
     [ -n "${!key+x}" ] && continue
     local val="${line#*=}"
     val="${val#"${val%%[![:space:]]*}"}"

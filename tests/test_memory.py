@@ -367,7 +367,7 @@ def test_the_zero3_script_tells_the_trainer_its_stage(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("{}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-    env.update(AGENTIC_RAG_NO_VENV="1", PYTHON=str(fake), USE_CPU="1", ENV_FILE="/nonexistent")
+    env.update(AGENTIC_RAG_NO_VENV="1", PYTHON=str(fake), USE_CPU="1", ENV_FILE="/dev/null")
     for stage in (2, 3):
         out = subprocess.run(["bash", str(ROOT / "script" / "training" / f"train_zero{stage}.sh"), str(cfg)],
                              capture_output=True, text=True, env=env, timeout=60)

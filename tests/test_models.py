@@ -52,9 +52,40 @@ def test_an_existing_directory_and_other_names_pass_through(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert not resolve_model(SMOL).is_gguf  # a directory of that name wins over the packaged model
     assert resolve_model("Qwen/Qwen2.5-0.5B").path == "Qwen/Qwen2.5-0.5B"
-    assert model_problem("Qwen/Qwen2.5-0.5B") is None
     with pytest.raises(ValueError):
         resolve_model("")
+
+
+def test_a_hub_name_is_checked_in_seconds_and_a_path_must_be_a_model(tmp_path, monkeypatch):
+    """A hub name in the local Hugging Face cache may load; offline and not cached it is refused at once (from
+    transformers it took a minute of retries). A file or folder that is not a model is refused by the config check,
+    not by the load after it said OK."""
+    from agentic_rag.models import hub_problem
+
+    hub_problem.cache_clear()
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--Qwen--Qwen2.5-0.5B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--Qwen--Qwen2.5-0.5B" / "refs").mkdir()
+    (cache / "models--Qwen--Qwen2.5-0.5B" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert model_problem("Qwen/Qwen2.5-0.5B") is None
+    assert "offline mode" in model_problem("Qwen/Qwen2.5-7B-Instruct")
+    assert "not a hub name" in model_problem("no such//name")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    assert "is a file, not a model" in model_problem(str(text))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no config.json" in model_problem(str(empty))
+    (empty / "adapter_config.json").write_text("{}")
+    assert "is a LoRA adapter" in model_problem(str(empty))
+    assert model_problem(str(empty), kind="tokenizer") is not None
+    assert "no such model directory" in model_problem("./missing-model")
+    hub_problem.cache_clear()
 
 
 def test_the_packaged_model_is_pinned_where_setup_installs_it():

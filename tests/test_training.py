@@ -42,10 +42,11 @@ def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", 
                       max_completion_length=96, max_steps=max_steps, learning_rate=5e-2, beta=beta, report_to=[],
                       use_cpu=True, save_strategy="no", logging_steps=1, seed=0, disable_dropout=True,
                       **algorithm_args(algorithm))
-    limits = RolloutLimits(max_turns=2, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1,
-                           max_observation_tokens=48)
+    limits = trainer_kwargs.pop("limits", None) or RolloutLimits(
+        max_turns=2, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1, max_observation_tokens=48)
+    tools = trainer_kwargs.pop("tools", None) or SearchTool(open_searcher(world_dir / "index"))
     return AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=args, train_dataset=data,
-                              tools=SearchTool(open_searcher(world_dir / "index")), dialect=dialect, limits=limits,
+                              tools=tools, dialect=dialect, limits=limits,
                               algorithm=algorithm, peft_config=lora_config(cfg), **trainer_kwargs)
 
 
@@ -70,6 +71,42 @@ def test_two_grpo_steps_change_the_adapter_and_nothing_else(tiny_model_dir, worl
     for key in ("rewards/varied_reward/mean", "kl", "agentic/searches_per_trajectory", "agentic/env_tokens_masked",
                 "clip_ratio/region_mean", "completions/mean_length"):
         assert key in logs, key
+
+
+class WentAway:
+    """A search target that has fallen over: every search raises, as a dead server's client does."""
+
+    def search(self, query, k=10):
+        raise ConnectionError("search server went away")
+
+    def batch_search(self, queries, k=10):
+        raise ConnectionError("search server went away")
+
+
+def test_training_stops_when_its_searches_fail(tiny_model_dir, world_dir, tmp_path):
+    """Rewards earned with error observations instead of passages would train on a broken search target: a rollout
+    batch whose every search failed stops the run, naming the counts (the last checkpoint stays for --resume)."""
+    from agentic_rag.errors import SearchFailuresError
+    from agentic_rag.models import load_tokenizer
+    from agentic_rag.tools import SearchTool
+
+    search = load_tokenizer(str(tiny_model_dir))("<search>who</search>", add_special_tokens=False)["input_ids"]
+
+    def always_search(scores, rows):  # the policy writes a search tag every turn; its searches all fail
+        out = torch.full_like(scores, float("-inf"))
+        for j, row in enumerate(rows):
+            step = len(row.generated)
+            out[j, search[step] if step < len(search) else 0] = 0
+        return out
+
+    limits = RolloutLimits(max_turns=4, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1,
+                           max_observation_tokens=48)
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, tools=SearchTool(WentAway()), limits=limits,
+                           processors=[always_search])
+    with pytest.raises(SearchFailuresError, match=r"training stopped at step 0: 12 of 12 searches of the last "
+                                                  r"rollout batch failed") as info:
+        trainer.train()
+    assert info.value.exit_code == 3
 
 
 def _loss_inputs(trainer, tok):

@@ -6,7 +6,7 @@
 # Without a GPU (or with USE_CPU=1) it runs NUM_PROCESSES (default 2) CPU processes over gloo.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../_common.sh"
-load_dotenv "${ENV_FILE:-$ROOT/.env}"
+load_dotenv
 cd "$ROOT"
 
 CONFIG="${TRAIN_CONFIG:-experiments/training/world_grpo.yaml}"

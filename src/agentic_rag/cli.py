@@ -10,6 +10,8 @@ import importlib
 import os
 import sys
 
+from .argtypes import Parser
+from .errors import UserError, guarded  # noqa: F401  (UserError: re-exported)
 from .logs import configure_logging
 
 # Each module has ``register(subparsers)`` adding its subcommands, each with ``func(args) -> int``.
@@ -23,12 +25,8 @@ COMMAND_MODULES = [
 ]
 
 
-class UserError(Exception):
-    """An error caused by the user's input: printed as one clear message, no traceback."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentic-rag", description=__doc__.splitlines()[0])
+    parser = Parser(prog="agentic-rag", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
                         help="logging level (DEBUG, INFO, WARNING); env AGENTIC_RAG_LOG_LEVEL")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -41,17 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
-    from .search.corpus import CorpusFormatError
-    from .search.types import SearchError
-
-    try:
-        return int(args.func(args) or 0)
-    except (UserError, SearchError, CorpusFormatError, FileNotFoundError, ValueError) as exc:
-        print(f"agentic-rag {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    words = [args.command] + [getattr(args, f"{args.command}_command", None) or ""]
+    return guarded(" ".join(["agentic-rag", *filter(None, words)]), lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ class SearchConfig:
     retriever: str = _f("bm25", "bm25, dense or hybrid")
     cache_size: int = _f(10000, "LRU cache entries in front of the searcher (GRPO repeats queries)")
     timeout_s: float = _f(30.0, "seconds before a search counts as failed")
+    max_failure_rate: float = _f(0.05, "share of the run's searches that may fail (errors, timeouts) before "
+                                       "training stops: rewards earned without passages teach the wrong thing")
 
 
 @dataclass
@@ -294,6 +296,8 @@ class ExperimentConfig:
             p.append(f"search.cache_size must be >= 0 (0 = no cache), got {self.search.cache_size}")
         if self.search.timeout_s <= 0:
             p.append(f"search.timeout_s must be > 0, got {self.search.timeout_s}")
+        if not 0.0 <= self.search.max_failure_rate <= 1.0:
+            p.append(f"search.max_failure_rate must be between 0 and 1, got {self.search.max_failure_rate}")
         self._validate_rollout(p)
         self._validate_tree_masks(p, check_files)
         self._validate_algorithm(p)

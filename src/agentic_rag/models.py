@@ -22,6 +22,7 @@ tensors bit for bit. ``AGENTIC_RAG_CACHE=off`` turns the cache off.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 import logging
@@ -114,13 +115,66 @@ def resolve_model(name_or_path: str) -> ModelRef:
     return ModelRef(name_or_path, name_or_path)
 
 
-def model_problem(name_or_path: str) -> str | None:
-    """What is wrong with a model name, found without loading anything (for config checks that run before any
-    model loads); None when it may load. A hub name is only tried when it loads."""
+def model_problem(name_or_path: str, *, kind: str = "model") -> str | None:
+    """What is wrong with a model (``kind="tokenizer"``: a tokenizer) name, found without loading anything (for
+    config checks that run before any model loads); None when it may load.
+
+    A local path must be what it claims: a ``.gguf`` file, or a directory holding ``config.json`` (a model) or a
+    tokenizer's files; any other file or folder is refused here rather than by ``from_pretrained`` after the
+    config check said OK. A name that is not a local path is a hub name (:func:`hub_problem`)."""
     try:
-        resolve_model(name_or_path)
+        ref = resolve_model(name_or_path)
     except (FileNotFoundError, ValueError) as exc:
         return str(exc)
+    if ref.is_gguf or name_or_path.lower() in PACKAGED_MODELS and not Path(name_or_path).exists():
+        return None
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return (f"{name_or_path} is a file, not a {kind}: name a {kind} directory (save_pretrained output), a .gguf "
+                f"file, a hub name or {' / '.join(PACKAGED_MODELS)}")
+    if path.is_dir():
+        wanted = ("tokenizer_config.json", "tokenizer.json", "vocab.json", "tokenizer.model") if kind == "tokenizer" \
+            else ("config.json",)
+        if not any((path / name).is_file() for name in wanted):
+            adapter = (path / "adapter_config.json").is_file()
+            return (f"{name_or_path} is a LoRA adapter, not a {kind}: name its base model here and the adapter "
+                    f"apart" if adapter else f"{name_or_path} holds no {' or '.join(wanted[:2])}: not a {kind} "
+                    f"directory (a folder written by save_pretrained)")
+        return None
+    if name_or_path.startswith(("/", "./", "../", "~")):
+        return f"no such {kind} directory: {name_or_path}"
+    return hub_problem(name_or_path)
+
+
+@functools.lru_cache(maxsize=64)
+def hub_problem(name: str, *, timeout_s: float = 5.0) -> str | None:
+    """Whether the hub name ``name`` can load, found in seconds: in the local Hugging Face cache it can; offline
+    (``HF_HUB_OFFLINE``) it cannot; otherwise one metadata request with a short timeout tells a missing model or an
+    unreachable hub at once, where ``from_pretrained`` would retry for a minute before failing."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        return f"{name!r} is not a local path, and not a hub name either (hub names look like org/model)"
+    if isinstance(cached, str):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        return (f"{name!r} is not a local path, and it is not in the Hugging Face cache while offline mode "
+                f"(HF_HUB_OFFLINE) is on: give a local model directory or .gguf file")
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=timeout_s)
+    except GatedRepoError:
+        return None  # exists; the download says whether the token may read it
+    except RepositoryNotFoundError:
+        return f"{name!r} is not a local path, and the hub has no model of that name (or it is private)"
+    except Exception as exc:  # noqa: BLE001 - no route to the hub: the load would retry for a minute, then fail
+        return (f"{name!r} is not a local path, and the hub cannot be reached to download it "
+                f"({type(exc).__name__}); give a local model directory or .gguf file")
     return None
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..argtypes import positive_int
+from ..outputs import add_move_aside
+
 
 def cmd_world(args: argparse.Namespace) -> int:
+    from ..outputs import claim_dir
     from .world import write_world
 
+    claim_dir(args.out, "world", move_aside=args.move_aside)
     paths = write_world(args.out, seed=args.seed, n_people=args.people, n_guilds=args.guilds, n_towns=args.towns)
     print(json.dumps(paths))
     return 0
@@ -19,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "one-/two-hop questions")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--people", type=int, default=240)
-    p.add_argument("--guilds", type=int, default=24)
-    p.add_argument("--towns", type=int, default=30)
+    p.add_argument("--people", type=positive_int, default=240)
+    p.add_argument("--guilds", type=positive_int, default=24)
+    p.add_argument("--towns", type=positive_int, default=30)
+    add_move_aside(p)
     p.set_defaults(func=cmd_world)

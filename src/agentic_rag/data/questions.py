@@ -45,7 +45,7 @@ from typing import Any
 class QuestionFormatError(ValueError):
     def __init__(self, path: str | os.PathLike, line: int, reason: str):
         self.path, self.line, self.reason = str(path), line, reason
-        super().__init__(f"{path}:{line}: {reason}")
+        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
 
 
 @dataclass
@@ -141,10 +141,22 @@ def read_questions(path: str | os.PathLike, *, limit: int | None = None, questio
     if format not in ("auto", "generic", *FORMATS):
         raise ValueError(f"unknown question format {format!r}; choose auto, generic or one of {', '.join(FORMATS)}")
     custom = question_field != "question" or answer_field is not None
+    if os.path.isdir(path):
+        raise QuestionFormatError(path, 0, "a folder, not a question file (JSONL, a JSON list, or CSV)")
     rows: list[QARow] = []
     reader: Callable[..., QARow] | None = None
-    for position, (line, obj) in enumerate(_any_records(path)):
-        if reader is None:
+    name = "generic"
+    records = _any_records(path)
+    while True:
+        try:
+            position = len(rows)
+            item = next(records, None)
+        except UnicodeDecodeError:
+            raise QuestionFormatError(path, 0, "not UTF-8 text: save the question file as UTF-8") from None
+        if item is None:
+            break
+        line, obj = item
+        if reader is None and position == 0:
             name = "generic" if custom else (detect_format(obj, path) if format == "auto" else format)
             reader = _READERS.get(name)
         if reader is None:
@@ -152,8 +164,9 @@ def read_questions(path: str | os.PathLike, *, limit: int | None = None, questio
         else:
             row = reader(path, line, position, obj)
         if require_answers and not row.answers:
-            field_name = answer_field or _ANSWER_FIELD.get(format if format != "auto" else detect_format(obj, path),
-                                                          "answer")
+            # the file's format (recognised from its first record), not this record's look: an NQ record that
+            # lost its golden_answers no longer looks like NQ
+            field_name = answer_field or _ANSWER_FIELD.get(name, "answer")
             raise QuestionFormatError(path, line, f"missing field '{field_name}' (no gold answer)")
         rows.append(row)
         if limit is not None and len(rows) >= limit:

@@ -23,7 +23,6 @@ import json
 import os
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "th", "tr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
@@ -133,15 +132,16 @@ def questions(world: World, *, test_fraction: float = 0.25) -> tuple[list[dict],
 
 def write_world(out_dir: str | os.PathLike, seed: int = 0, **sizes: int) -> dict[str, str]:
     """Write ``corpus.json`` (JSON list of passages), ``train.jsonl``, ``test.jsonl`` and ``world.json``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..outputs import atomic_write_text, mark_dir
+
     world = generate_world(seed, **sizes)
+    out = mark_dir(out_dir, "world")
     train, test = questions(world)
     paths = {"corpus": out / "corpus.json", "train": out / "train.jsonl", "test": out / "test.jsonl",
              "world": out / "world.json"}
-    paths["corpus"].write_text(json.dumps(world.passages(), indent=0, ensure_ascii=False) + "\n")
+    atomic_write_text(paths["corpus"], json.dumps(world.passages(), indent=0, ensure_ascii=False) + "\n")
     for name, rows in (("train", train), ("test", test)):
-        paths[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    paths["world"].write_text(json.dumps({"seed": seed, "people": world.people, "guilds": world.guilds,
-                                          "towns": world.towns}, indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(paths[name], "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_text(paths["world"], json.dumps({"seed": seed, "people": world.people, "guilds": world.guilds,
+                                                  "towns": world.towns}, indent=1, ensure_ascii=False) + "\n")
     return {k: str(v) for k, v in paths.items()}

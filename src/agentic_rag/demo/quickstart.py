@@ -30,7 +30,6 @@ the tiny model's runs, too small to use 2 threads, go two at a time.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -48,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import Parser, positive_float, positive_int
+from ..errors import guarded
 from ..logs import configure_logging
 
 log = logging.getLogger("agentic_rag.quickstart")
@@ -80,6 +81,7 @@ class Settings:
     grpo_steps: int | None = None  # None: the config's
     workers: int = 1  # training runs at a time; the tiny model's default is 2
     behaviour_samples: int = 4  # sampled rollouts per held-out two-hop question
+    move_aside: bool = False  # an --out folder that is not this quick start's is renamed aside instead of refused
 
     def __post_init__(self) -> None:
         if self.sft_batches not in SFT_BATCHES:
@@ -339,7 +341,12 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     threads = str(max(1, cores // s.workers))
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
     env.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..outputs import mark_dir
+    from ..training.trainer import latest_complete_checkpoint
+
+    mark_dir(out, "train")
+    if latest_complete_checkpoint(out, quarantine=False):
+        cmd.append("--resume")  # an interrupted run goes on from its last checkpoint
     started = time.perf_counter()
     with open(out / "train.log", "w") as logf:
         proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -439,14 +446,23 @@ def check_settings(s: Settings) -> None:
             "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs, "sft_learning_rate": s.sft_learning_rate,
             "sft_batches": s.sft_batches, "grpo_steps": s.grpo_steps,
             "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest()}
+    from ..outputs import aside_path, claim_dir, mark_dir
+
+    claim_dir(s.out, "quickstart", move_aside=s.move_aside)
     path = s.out / "settings.json"
     if path.exists():
         theirs = json.loads(path.read_text())
         diff = sorted(k for k in mine if theirs.get(k) != mine[k])
-        if diff:
+        if diff and s.move_aside:
+            moved = aside_path(s.out)
+            os.replace(s.out, moved)
+            log.warning("%s held a quick start made with other settings (%s differ): moved it to %s", s.out,
+                        ", ".join(diff), moved)
+        elif diff:
             raise SystemExit(f"{s.out} holds a quick start made with other settings ({', '.join(diff)} differ): "
-                             f"pass another --out, or delete that directory to start over")
-    s.out.mkdir(parents=True, exist_ok=True)
+                             f"pass another --out, or --move-aside to keep it as {s.out.name}.moved-TIME and "
+                             f"start over")
+    mark_dir(s.out, "quickstart")
     path.write_text(json.dumps(mine, indent=1))
 
 
@@ -539,34 +555,37 @@ def run(s: Settings) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="The quick start (see the module docstring).")
+    ap = Parser(prog="quickstart", description="The quick start (see the module docstring).")
     ap.add_argument("--out", default="outputs/quickstart", help="output directory (default: outputs/quickstart)")
     ap.add_argument("--tiny", action="store_true",
                     help="the tiny from-scratch model (a minute or two) instead of SmolLM2-135M-Instruct")
     ap.add_argument("--model", default=REAL_MODEL, help="the pretrained model: a GGUF file, a local directory, a hub "
                     f"name, or the packaged {REAL_MODEL} (default); ignored with --tiny")
-    ap.add_argument("--seeds", type=int, default=None,
+    ap.add_argument("--seeds", type=positive_int, default=None,
                     help="how many GRPO seeds, each with its control run (default: 1; 3 with --tiny)")
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed (seeds are consecutive)")
     ap.add_argument("--world-seed", type=int, default=0, help="the fictional world's seed (default 0)")
-    ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the training config's)")
-    ap.add_argument("--workers", type=int, default=None,
+    ap.add_argument("--steps", type=positive_int, default=None, help="GRPO steps (default: the training config's)")
+    ap.add_argument("--workers", type=positive_int, default=None,
                     help="training runs at a time, sharing the cores (default: 1; 2 with --tiny)")
     ap.add_argument("--two-hop-correct", type=float, default=None,
                     help="share of the two-hop expert trajectories in the SFT data that search twice (default: "
                     f"{Settings.two_hop_correct}); the rest take the one-search shortcut")
-    ap.add_argument("--sft-epochs", type=float, default=None, help="SFT epochs over the expert data "
+    ap.add_argument("--sft-epochs", type=positive_float, default=None, help="SFT epochs over the expert data "
                     "(default: 1 for the real model, 10 with --tiny)")
     ap.add_argument("--sft-batches", choices=SFT_BATCHES, default=None,
                     help="how the real model's SFT batches its examples: random (default) or by_length (as before "
                     "2026-11-23; the model then seldom searches twice: experiments/real_model/README.md)")
+    ap.add_argument("--move-aside", action="store_true",
+                    help="when --out holds something else (a folder of yours, or a quick start made with other "
+                         "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
     args = ap.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else (3 if args.tiny else 1)
     if seeds < 1:
         ap.error("--seeds must be >= 1")
     configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
     kw: dict[str, Any] = dict(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + seeds)),
-                              world_seed=args.world_seed, grpo_steps=args.steps)
+                              world_seed=args.world_seed, grpo_steps=args.steps, move_aside=args.move_aside)
     if args.workers is not None:
         kw["workers"] = max(1, args.workers)
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
@@ -581,9 +600,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--two-hop-correct must be between 0 and 1, got {args.two_hop_correct}")
         s.two_hop_correct = args.two_hop_correct
     started = time.perf_counter()
-    run(s)
-    print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")
-    return 0
+    status = guarded("quickstart", lambda: bool(run(s)) and 0)
+    if status == 0:
+        print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")
+    return status
 
 
 if __name__ == "__main__":

@@ -6,19 +6,25 @@ import argparse
 import json
 import sys
 
+from ..argtypes import positive_int
+from ..outputs import add_move_aside
+
 
 def _print_summary(summary: dict) -> None:
     metrics = summary.get("metrics") or {}
     parts = [f"{k}={v:.3f}" for k, v in metrics.items() if v is not None]
     lat = summary.get("latency_s") or {}
+    fails = summary.get("search_failures") or {}
     print(f"{summary.get('run')}: n={summary.get('n')} " + " ".join(parts)
           + f" searches/q={summary.get('searches_per_question') or 0:.2f}"
-          + (f" latency_p50={lat['p50']:.2f}s" if lat.get("p50") is not None else ""), file=sys.stderr)
+          + (f" latency_p50={lat['p50']:.2f}s" if lat.get("p50") is not None else "")
+          + (f" failed_searches={fails['failed']}/{fails['searches']}" if fails.get("failed") else ""),
+          file=sys.stderr)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..cli import UserError
     from ..endpoints import EndpointError
+    from ..errors import SearchFailuresError, UserError
     from .config import describe, load_eval_config
     from .runner import run_evaluation
 
@@ -35,9 +41,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides.append(f"dataset.limit={args.limit}")
     cfg = load_eval_config(args.config, overrides=overrides)
     try:
-        summary = run_evaluation(cfg, progress=not args.no_progress, overwrite=args.overwrite)
+        summary = run_evaluation(cfg, progress=not args.no_progress, overwrite=args.overwrite,
+                                 move_aside=args.move_aside)
     except EndpointError as exc:
         raise UserError(str(exc)) from None
+    except SearchFailuresError as exc:  # the summary is written; show it, then the failure as the last line
+        _print_summary(exc.summary)
+        raise
     except KeyboardInterrupt:
         print(f"interrupted: finished examples are in {cfg.output_dir}/predictions.jsonl; rerun the same command "
               f"to resume", file=sys.stderr)
@@ -49,8 +59,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
+    from ..errors import input_file
     from .metrics import score_predictions
 
+    input_file(args.predictions, "--predictions", what="JSONL prediction file (e.g. RUN_DIR/predictions.jsonl)")
     result = score_predictions(args.predictions, pred_field=args.pred_field, answer_field=args.answer_field)
     print(json.dumps({"file": str(args.predictions), **result}))
     return 0
@@ -71,9 +83,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a setting, e.g. --set policy.adapter=outputs/run/adapter (repeatable)")
     p.add_argument("--output-dir", default=None, help="override output_dir")
-    p.add_argument("--limit", type=int, default=None, help="override dataset.limit")
-    p.add_argument("--overwrite", action="store_true", help="discard earlier results in output_dir instead of "
-                                                            "resuming")
+    p.add_argument("--limit", type=positive_int, default=None, help="override dataset.limit")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over instead of resuming: the new run replaces the earlier results in output_dir once "
+                        "it is complete (until then they stay as they were)")
+    add_move_aside(p, "output_dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--describe", action="store_true", help="list every config setting with its default and help")
     p.set_defaults(func=cmd_eval)

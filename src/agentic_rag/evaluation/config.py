@@ -111,6 +111,8 @@ class SearchSection:
     k: int = _f(3, "passages shown per query")
     cache_size: int = _f(10000, "LRU cache entries in front of the searcher")
     timeout_s: float = _f(30.0, "seconds before a search counts as failed (an error observation)")
+    max_failure_rate: float = _f(0.05, "share of searches that may fail (errors, timeouts) before the run counts as "
+                                       "failed: its summary says so and the command exits non-zero")
 
 
 @dataclass
@@ -192,7 +194,7 @@ class EvalConfig:
                          "(e.g. vLLM --lora-modules) and name it in policy.model")
             if pol.concurrency < 1:
                 p.append(f"policy.concurrency must be >= 1, got {pol.concurrency}")
-        if pol.tokenizer and (problem := model_problem(pol.tokenizer)):
+        if pol.tokenizer and (problem := model_problem(pol.tokenizer, kind="tokenizer")):
             p.append(f"policy.tokenizer: {problem}")
         elif pol.tokenizer and _looks_like_path(pol.tokenizer) and not _is_model_path(pol.tokenizer):
             p.append(f"policy.tokenizer: no such directory {pol.tokenizer}")
@@ -212,6 +214,12 @@ class EvalConfig:
                      f"--out {s.index})")
         _choice(p, "search.retriever", s.retriever, ("bm25", "dense", "hybrid"))
         _positive(p, "search.k", s.k)
+        if not 0.0 <= s.max_failure_rate <= 1.0:
+            p.append(f"search.max_failure_rate must be between 0 and 1, got {s.max_failure_rate}")
+        if s.timeout_s <= 0:
+            p.append(f"search.timeout_s must be > 0, got {s.timeout_s}")
+        if s.cache_size < 0:
+            p.append(f"search.cache_size must be >= 0 (0 = no cache), got {s.cache_size}")
         _choice(p, "rollout.dialect", r.dialect, DIALECTS)
         _choice(p, "rollout.language", r.language, ("en", "zh"))
         _choice(p, "rollout.summary_mode", r.summary_mode, ("replace", "keep"))

@@ -153,7 +153,7 @@ def score_predictions(path: str | os.PathLike, *, pred_field: str | None = None,
     """
     totals = {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
     n = 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
+from ..outputs import atomic_write_text, check_output_file
 from .metrics import ACCURACY
 from .runner import PREDICTIONS, SUMMARY
 
@@ -26,11 +28,22 @@ ORDER = ("em", "f1", "cover_em", "judge", "choice", "format")
 class Run:
     def __init__(self, path: str | os.PathLike, name: str | None = None):
         path = Path(path)
+        if not path.exists():
+            raise UserError(f"--runs {path}: no such run folder or summary file")
         self.dir = path.parent if path.is_file() else path
         summary_path = path if path.is_file() else path / SUMMARY
         if not summary_path.is_file():
-            raise FileNotFoundError(f"no {SUMMARY} in {self.dir}: run agentic-rag eval first")
-        self.summary: dict[str, Any] = json.loads(summary_path.read_text())
+            raise UserError(f"--runs {path}: no {SUMMARY} in {self.dir}: run agentic-rag eval first")
+        self.summary_path = summary_path
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"{summary_path} is not a readable evaluation summary ({exc}); run the evaluation "
+                            f"again to rewrite it") from None
+        if not isinstance(summary, dict) or not isinstance(summary.get("metrics", {}), dict):
+            raise UserError(f"{summary_path} is not an evaluation summary (no metrics object); run the evaluation "
+                            f"again to rewrite it")
+        self.summary: dict[str, Any] = summary
         self.name = name or self.summary.get("run") or self.dir.name
 
     def metric(self, name: str) -> float | None:
@@ -41,10 +54,16 @@ class Run:
         if not path.is_file():
             return {}
         out = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
                 rec = json.loads(line)
-                out[str(rec["id"])] = rec.get("metrics", {})
+            except ValueError:
+                raise UserError(f"{path}:{n}: not a JSON line; the file is damaged") from None
+            if not isinstance(rec, dict) or "id" not in rec:
+                raise UserError(f"{path}:{n}: not a record of agentic-rag eval (no 'id')")
+            out[str(rec["id"])] = rec.get("metrics", {})
         return out
 
 
@@ -125,6 +144,14 @@ def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, names: 
         raise ValueError(f"{len(names)} names for {len(paths)} runs")
     runs = [Run(p, names[i] if names else None) for i, p in enumerate(paths)]
     out = Path(out)
+    inputs: dict[str, Any] = {}
+    for r in runs:
+        inputs[f"--runs {r.dir} ({SUMMARY})"] = r.summary_path
+        inputs[f"--runs {r.dir} ({PREDICTIONS})"] = r.dir / PREDICTIONS
+    check_output_file(out, inputs)
+    check_output_file(out.with_suffix(".png"), inputs, flag="--out (its chart)")
+    if out.suffix == ".png":
+        raise UserError(f"--out {out}: the report is markdown and its chart goes next to it as .png; name a .md file")
     out.parent.mkdir(parents=True, exist_ok=True)
     png = plot(runs, out.with_suffix(".png"))
     md = ["# Evaluation report", "", markdown_table(runs), "", f"![metrics by run]({png.name})", "", "## Runs", ""]
@@ -147,5 +174,5 @@ def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, names: 
         md += ["", "## Per-question changes", "", *paired]
     md += ["", "EM, F1 and cover-EM use SQuAD normalisation (agentic_rag.rewards.accuracy); latency is per question "
            "within its batch.", ""]
-    out.write_text("\n".join(md), encoding="utf-8")
+    atomic_write_text(out, "\n".join(md))
     return out

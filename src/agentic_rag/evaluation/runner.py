@@ -8,8 +8,9 @@ with :class:`~agentic_rag.rollout.AgentRollout`, ask the judge, score, and appen
 **Output** (``output_dir``):
 
 * ``predictions.jsonl``: one line per finished example: ``id, question, gold, prediction, metrics``,
-  ``judge`` (verdict status and reply), ``finish_reason, num_searches, num_turns, queries, search_errors,
-  latency_s, completion_tokens, model_tokens, trajectory`` (the completion text: model turns and
+  ``judge`` (verdict status and reply), ``finish_reason, num_searches, num_turns, queries, search_errors``
+  (failed search queries), ``searches_made`` (search queries carried out), ``latency_s, completion_tokens,
+  model_tokens, trajectory`` (the completion text: model turns and
   observations) and a little ``meta`` (question type, level, options);
 * ``summary.json``: the run's summary (:func:`~.metrics.summarize`) with the config that made it;
 * ``config.json``: the resolved config, checked on resume.
@@ -27,12 +28,16 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..data.questions import QARow, prompt_question, read_questions
+from ..rollout.trajectory import search_outcomes
+from ..errors import SearchFailuresError
+from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir
 from .config import EvalConfig, EvalConfigError, config_to_dict
 from .metrics import example_metrics, format_ok, summarize
 
@@ -41,8 +46,11 @@ log = logging.getLogger(__name__)
 PREDICTIONS, SUMMARY, CONFIG = "predictions.jsonl", "summary.json", "config.json"
 # settings that do not change results: they may differ between a run and its resumption
 HARMLESS = {"name", "output_dir", "dataset.limit", "policy.max_batch_size", "policy.concurrency", "policy.timeout_s",
-            "policy.retries", "policy.device", "search.cache_size", "search.timeout_s", "rollout.batch_size",
-            "judge.timeout_s", "judge.max_concurrency", "judge.retries"}
+            "policy.retries", "policy.device", "search.cache_size", "search.timeout_s", "search.max_failure_rate",
+            "rollout.batch_size", "judge.timeout_s", "judge.max_concurrency", "judge.retries"}
+# With --overwrite the new run is written here (inside output_dir) and moved over the old files only once it is
+# complete; an interrupted --overwrite run leaves the old results whole and resumes from here.
+NEXT = ".overwrite"
 META_KEYS = ("type", "level", "setting", "hops", "answerable", "options", "answer_idx", "meta_info")
 
 BatchHook = Callable[[int, list[dict[str, Any]]], None]
@@ -62,21 +70,64 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_resumable(out_dir: Path, cfg: EvalConfig, overwrite: bool) -> None:
-    """Refuse to mix results of two different configs in one output directory."""
-    path = out_dir / CONFIG
-    if overwrite:
-        for name in (PREDICTIONS, SUMMARY, CONFIG):
-            (out_dir / name).unlink(missing_ok=True)
-    elif path.is_file() and (out_dir / PREDICTIONS).is_file():
-        old, new = _flat(json.loads(path.read_text())), _flat(config_to_dict(cfg))
-        differ = sorted(k for k in old.keys() | new.keys() if k not in HARMLESS and old.get(k) != new.get(k))
+def output_inputs(cfg: EvalConfig) -> dict[str, str]:
+    """The config's inputs on this machine, which its output directory must stay apart from."""
+    pol = cfg.policy
+    inputs = {"dataset.path": cfg.dataset.path, "policy.adapter": pol.adapter, "policy.tokenizer": pol.tokenizer,
+              "search.index": "" if cfg.search.index == "none" else cfg.search.index}
+    if pol.type == "local":
+        inputs["policy.model"] = pol.model
+    return inputs
+
+
+def prepare_output(cfg: EvalConfig, overwrite: bool, move_aside: bool = False) -> Path:
+    """Check the output directory before anything loads and return where this run writes its results.
+
+    ``output_dir`` must stay apart from the inputs and be new, empty or an evaluation run's
+    (:func:`agentic_rag.outputs.claim_dir`). Resuming: the run writes into ``output_dir``, and a directory holding
+    a run made with another config is refused. ``overwrite``: the run writes into ``output_dir/.overwrite`` (an
+    interrupted ``--overwrite`` run with the same config resumes there) and :func:`finish_overwrite` moves it over
+    the old results once it is complete, so a run that fails on the way leaves the old results as they were."""
+    out_dir = Path(cfg.output_dir)
+    check_apart(out_dir, output_inputs(cfg), flag="output_dir")
+    claim_dir(out_dir, "eval", flag="output_dir", move_aside=move_aside)
+    work = out_dir / NEXT if overwrite else out_dir
+    if overwrite and work.is_dir() and _config_differs(work, cfg):
+        shutil.rmtree(work)  # an interrupted --overwrite run of another config: this command's own, never a result
+    if not overwrite:
+        differ = _config_differs(out_dir, cfg)
         if differ:
             raise EvalConfigError([f"{out_dir} holds a run made with another config (differs in: "
-                                   f"{', '.join(differ)}); choose another output_dir or pass --overwrite"],
-                                  str(out_dir))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+                                   f"{', '.join(differ)}); choose another output_dir or pass --overwrite (the old "
+                                   f"results stay until the new run is complete)"], str(out_dir))
+    mark_dir(out_dir, "eval")
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(work / CONFIG, json.dumps(config_to_dict(cfg), indent=2) + "\n")
+    return work
+
+
+def _config_differs(run_dir: Path, cfg: EvalConfig) -> list[str]:
+    """The settings (other than :data:`HARMLESS` ones) in which the run in ``run_dir`` differs from ``cfg``; []
+    when there is no run there yet."""
+    path = run_dir / CONFIG
+    if not (path.is_file() and (run_dir / PREDICTIONS).is_file()):
+        return []
+    try:
+        old = _flat(json.loads(path.read_text(encoding="utf-8")))
+    except ValueError:
+        raise EvalConfigError([f"{path} is damaged (not JSON); move the run away or pass --overwrite"],
+                              str(path)) from None
+    new = _flat(config_to_dict(cfg))
+    return sorted(k for k in old.keys() | new.keys() if k not in HARMLESS and old.get(k) != new.get(k))
+
+
+def finish_overwrite(out_dir: Path) -> None:
+    """Move a complete ``--overwrite`` run from ``out_dir/.overwrite`` over the old results."""
+    work = out_dir / NEXT
+    for name in (PREDICTIONS, CONFIG):
+        if (work / name).exists():
+            os.replace(work / name, out_dir / name)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def load_done(path: Path) -> dict[str, dict[str, Any]]:
@@ -93,12 +144,15 @@ def load_done(path: Path) -> dict[str, dict[str, Any]]:
             if raw.strip():
                 try:
                     rec = json.loads(raw)
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     if end >= len(data) and not data.endswith(b"\n"):
                         log.warning("%s: dropping a torn last line (an interrupted write)", path)
                         break
                     raise EvalConfigError([f"{path}:{i + 1}: not a JSON line; the file is damaged (move it away "
                                            f"or pass --overwrite)"], str(path)) from None
+                if not isinstance(rec, dict) or "id" not in rec:
+                    raise EvalConfigError([f"{path}:{i + 1}: not a record of agentic-rag eval (no 'id'): the file "
+                                           f"is another program's; choose another output_dir"], str(path))
                 done[str(rec["id"])] = rec
             good_end = end
             pos = end
@@ -195,11 +249,12 @@ def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> di
     scores = example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
                              judge=None if verdict is None else verdict.value)
     queries = [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
+    failed, made = search_outcomes(traj.events)
     rec: dict[str, Any] = {
         "id": row.id, "question": row.question, "gold": row.answers, "prediction": traj.answer, "metrics": scores,
         "finish_reason": traj.finish_reason, "num_searches": traj.num_searches, "num_turns": traj.num_turns,
         "queries": queries,
-        "search_errors": sum(1 for e in traj.events if e["type"] == "error" and e.get("kind") == "search_failed"),
+        "search_errors": failed, "searches_made": made,
         "latency_s": round(latency, 4), "completion_tokens": len(traj.completion_ids),
         "model_tokens": traj.model_tokens, "trajectory": traj.text,
         "meta": {k: row.meta[k] for k in META_KEYS if k in row.meta},
@@ -210,12 +265,15 @@ def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> di
 
 
 def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None, searcher: Any = None,
-                   judge: Any = None, progress: bool = True, overwrite: bool = False,
+                   judge: Any = None, progress: bool = True, overwrite: bool = False, move_aside: bool = False,
                    on_batch: BatchHook | None = None) -> dict[str, Any]:
     """Run (or resume) an evaluation; returns the summary (also written to ``output_dir/summary.json``).
 
     ``policy`` / ``tokenizer`` / ``searcher`` / ``judge`` replace what the config would build (tests,
-    notebooks); ``on_batch(index, records)`` is called after each batch is on disk.
+    notebooks); ``on_batch(index, records)`` is called after each batch is on disk. A searcher the config builds
+    must answer a probe query before the model loads. When more than ``search.max_failure_rate`` of the run's
+    searches failed, the summary (written all the same, with ``search_failures``) is followed by
+    :class:`~agentic_rag.errors.SearchFailuresError`: those numbers measure a broken search target.
     """
     from tqdm import tqdm
 
@@ -226,8 +284,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
     has_options = any(isinstance(r.meta.get("options"), dict) for r in rows)
     metrics = cfg.resolved_metrics("medqa" if has_options else cfg.dataset.format)
     out_dir = Path(cfg.output_dir)
-    check_resumable(out_dir, cfg, overwrite)
-    pred_path = out_dir / PREDICTIONS
+    work = prepare_output(cfg, overwrite, move_aside)
+    pred_path = work / PREDICTIONS
     done = load_done(pred_path)
     pending = [r for r in rows if r.id not in done]
     log.info("%d questions: %d already done in %s, %d to go", len(rows), len(rows) - len(pending), pred_path,
@@ -246,6 +304,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                            what="policy endpoint")
         if searcher is None:
             searcher = build_searcher(cfg)
+            if searcher is not None:
+                probe_searcher(searcher, cfg.search.index)  # a dead search target stops the run here, not later
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
         owned = policy is None
         policy = policy if policy is not None else build_policy(cfg, tokenizer)
@@ -273,6 +333,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
             close = getattr(policy, "close", None)
             if owned and callable(close):
                 close()
+    if overwrite:
+        finish_overwrite(out_dir)
     records = [done[r.id] for r in rows if r.id in done]
     summary = summarize(records, metrics)
     elapsed = time.perf_counter() - started
@@ -287,8 +349,36 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
     })
     if judge is not None and hasattr(judge, "stats"):
         summary.setdefault("judge", {})["this_session_calls"] = dataclasses.asdict(judge.stats)
-    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    failures = search_failures(records, cfg)
+    summary["search_failures"] = failures
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    if failures["over_threshold"]:
+        raise SearchFailuresError(
+            f"{failures['failed']} of {failures['searches']} searches failed ({failures['rate']:.1%}, over "
+            f"search.max_failure_rate {failures['max_rate']:.1%}): the scores in {out_dir / SUMMARY} measure a "
+            f"broken search target ({cfg.search.index}), not the model. Fix the searcher and run again with "
+            f"--overwrite", summary)
     return summary
+
+
+def search_failures(records: list[dict[str, Any]], cfg: EvalConfig) -> dict[str, Any]:
+    """How many of the run's searches failed (error observations instead of passages), against the threshold.
+    A closed-book run (``search.index: none``) has no search target to fail: never over the threshold."""
+    failed = sum(int(r.get("search_errors") or 0) for r in records)
+    # search queries carried out (records of earlier versions have only the search actions the model took)
+    searches = sum(int(r.get("searches_made", r.get("num_searches")) or 0) for r in records)
+    rate = failed / searches if searches else 0.0
+    closed_book = cfg.search.index == "none"
+    return {"failed": failed, "searches": searches, "rate": round(rate, 4), "max_rate": cfg.search.max_failure_rate,
+            "over_threshold": (not closed_book) and failed > 0 and rate > cfg.search.max_failure_rate}
+
+
+def probe_searcher(searcher: Any, where: str) -> None:
+    """One query through ``searcher`` before anything heavy loads; a :class:`~agentic_rag.errors.UserError`
+    naming ``where`` (the index or URL) and the reason when it does not answer."""
+    from ..search.probe import probe
+
+    probe(searcher, where)
 
 
 def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: list[str], judge, build_prompt,

@@ -469,7 +469,7 @@ class AgentRollout:
         record: list[dict[str, Any]] = []
         for query, result in zip(call.action.queries, call.results, strict=True):
             if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
-                t.event("error", kind="search_failed", message=str(result), queries=[query])
+                t.event("error", kind="search_failed", message=str(result), queries=[query], partial=True)
             if isinstance(result, str):
                 record.append({"query": query, "text": result[:200]})
             else:

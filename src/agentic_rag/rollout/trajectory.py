@@ -122,3 +122,21 @@ class Trajectory:
     @property
     def env_tokens(self) -> int:
         return len(self.env_mask) - sum(self.env_mask)
+
+
+def search_outcomes(events: list[dict[str, Any]]) -> tuple[int, int]:
+    """``(failed, carried out)`` search queries of a trajectory's events: the measure of a broken search target that
+    evaluation and training stop on. A search call that failed whole is one ``search_failed`` error naming its
+    queries; a call that was answered is a ``search`` event, and a query of it that failed alone also has an error
+    (``partial``). A search the rollout never ran (the turn limit came first) counts in neither."""
+    failed = attempted = 0
+    for e in events:
+        if e.get("type") == "search":
+            attempted += len(e.get("queries") or [None])
+        elif e.get("type") == "error" and e.get("kind") == "search_failed":
+            n = len(e.get("queries") or [None])
+            failed += n
+            if not e.get("partial"):
+                attempted += n
+    return failed, attempted
+

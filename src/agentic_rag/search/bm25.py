@@ -37,6 +37,23 @@ def _java_reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _short_java(line: str) -> str:
+    """``org.apache.lucene.index.CorruptIndexException: why`` -> ``CorruptIndexException: why``."""
+    head, sep, rest = line.strip().partition(": ")
+    return head.rsplit(".", 1)[-1] + sep + rest
+
+
+def java_summary(exc: BaseException) -> str:
+    """One line for a Java exception: its first line and its innermost cause's, class names without packages
+    (pyjnius puts the whole Java stack, 15 lines or more, in the message)."""
+    lines = [ln.strip() for ln in str(exc).removeprefix("JVM exception occurred: ").strip().splitlines()]
+    if not lines:
+        return type(exc).__name__
+    first = _short_java(lines[0])
+    causes = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln == "Caused by:"]
+    return first + (f" (caused by {_short_java(causes[-1])})" if causes else "")
+
+
 class BM25Searcher:
     """Lucene BM25 (Pyserini ``LuceneSearcher``).
 
@@ -57,7 +74,8 @@ class BM25Searcher:
         try:
             searcher = LuceneSearcher(str(self.lucene_dir))
         except Exception as exc:  # a Java exception: wrong path, corrupt index, newer Lucene version...
-            raise IndexMismatchError(f"cannot open the Lucene index at {self.lucene_dir}: {exc}") from exc
+            raise IndexMismatchError(f"cannot open the Lucene index at {self.lucene_dir}: {java_summary(exc)}") \
+                from None
         searcher.set_bm25(self.k1, self.b)
         if self.language != "en":
             searcher.set_language(self.language)

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..errors import OutputError, input_file
+from ..outputs import MARKER, check_apart, claim_dir, mark_dir, owner, replace_dir
 from .corpus import CorpusStats, Passage, iter_passages
 from .dense_index import DenseIndexSpec
 from .docstore import DocStore, write_offsets
@@ -157,8 +159,12 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
                 skip_bad: bool = False, chunk_size: int = 100, threads: int | None = None,
                 k1: float = 0.9, b: float = 0.4, dense_index: DenseIndexSpec | str = "flat", query_prefix: str = "",
                 passage_prefix: str = "", encode_chunk: int = DEFAULT_CHUNK, keep_vectors: bool = True,
-                force: bool = False, progress: bool = True) -> IndexManifest:
+                force: bool = False, progress: bool = True, move_aside: bool = False) -> IndexManifest:
     """Build (or reuse, when up to date) the index directory ``out`` from ``corpus``.
+
+    ``out`` must be new, empty or an index (:func:`agentic_rag.outputs.claim_dir`: a folder of the user's is
+    refused, or with ``move_aside`` renamed aside), and must not hold the corpus; the old index is replaced only
+    once the new one is complete.
 
     Up to date means the same corpus file, read the same way (format, ``chunk_size`` for KILT pages,
     ``skip_bad``), with the same parts and parameters: see :func:`_stale_reason`.
@@ -176,8 +182,12 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
     if chunk_size < 1:
         raise ValueError(f"--chunk-words must be >= 1, got {chunk_size}")
     corpus, out = Path(corpus), Path(out)
-    if not corpus.is_file():
-        raise FileNotFoundError(f"corpus file not found: {corpus}")
+    input_file(corpus, "--corpus", what="corpus file")
+    tmp = out.with_name(out.name + ".partial")
+    check_apart(out, {"--corpus": corpus})
+    check_apart(tmp, {"--corpus": corpus})
+    claim_dir(out, "index", move_aside=move_aside)
+    _check_partial(tmp)
     threads = threads or min(8, os.cpu_count() or 1)
     encoder = None
     if dense_encoder:
@@ -198,7 +208,6 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
             return old
         log.info("rebuilding the index at %s: %s", out, stale)
 
-    tmp = out.with_name(out.name + ".partial")
     key = _vector_key(corpus, fmt, chunk_size, encoder, passage_prefix) if encoder is not None else None
     _reset_partial(tmp, out, key)
     t0 = time.time()
@@ -229,17 +238,25 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
                                    params=resolved.params(), shards=shards,
                                    vectors="dense/vectors" if keep_vectors else None)
     manifest.save(tmp)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
+    mark_dir(tmp, "index")
+    replace_dir(tmp, out)  # the old index (this command's own, claimed above) goes only once the new one is whole
     log.info("built %s in %.1fs: %d passages", out, time.time() - t0, stats.passages)
     return manifest
+
+
+def _check_partial(tmp: Path) -> None:
+    """``OUT.partial`` is emptied for a new build: refuse unless it is an interrupted build of this command (its
+    marker, or only the parts a build writes: the layout before markers)."""
+    if not tmp.exists():
+        return
+    if not tmp.is_dir():
+        raise OutputError(f"{tmp} is a file; index build uses that name for its work in progress: move it away")
+    parts = {p.name for p in tmp.iterdir()}
+    if owner(tmp) in ("index", "index-partial") or parts <= {"corpus", "offsets", "dense", "bm25", MANIFEST,
+                                                              MARKER}:
+        return
+    raise OutputError(f"{tmp} holds files agentic-rag did not write ({', '.join(sorted(parts)[:3])}); index build "
+                      f"uses that folder for its work in progress: move it away")
 
 
 def _vector_key(corpus: Path, fmt: str, chunk_size: int, encoder, passage_prefix: str) -> dict:
@@ -273,7 +290,7 @@ def _reset_partial(tmp: Path, out: Path, key: dict | None) -> None:
                 shutil.rmtree(child)
             else:
                 child.unlink()
-    tmp.mkdir(parents=True, exist_ok=True)
+    mark_dir(tmp, "index-partial")
     if keep:
         log.info("keeping the passage vectors of the interrupted build in %s", vectors)
     elif key is not None and matches(out / "dense" / "vectors", key, complete=True):
@@ -325,7 +342,7 @@ def _write_all_offsets(index_dir: Path) -> None:
 def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: str | None = None,
                dense_encoder: str | None = None, corpus: str | None = None, language: str = "en",
                k1: float = 0.9, b: float = 0.4, query_prefix: str = "", passage_prefix: str = "",
-               progress: bool = True) -> IndexManifest:
+               progress: bool = True, move_aside: bool = False) -> IndexManifest:
     """Make an index directory that uses indexes built elsewhere in place (nothing is copied).
 
     ``lucene``: a Lucene index directory (e.g. a Pyserini prebuilt one). ``faiss_dir``: a Pyserini FAISS
@@ -354,7 +371,11 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
             raise ValueError(f"--faiss {faiss_dir} needs passage text: pass --lucene DIR (the Lucene index that "
                              f"stores the documents its 'docid' file names) or --corpus FILE")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_apart(out, {"--lucene": lucene, "--faiss": faiss_dir, "--corpus": corpus})
+    claim_dir(out, "index", move_aside=move_aside)
+    if corpus:
+        input_file(corpus, "--corpus", what="corpus file")
+    mark_dir(out, "index")
     manifest = IndexManifest(corpus={"path": None, "sha256": None, "size": None, "passages": None},
                              language=language, versions=backend_versions())
     if corpus:

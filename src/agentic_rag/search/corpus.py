@@ -68,7 +68,7 @@ class CorpusStats:
 
 def detect_format(path: str | os.PathLike) -> str:
     """Guess the format from the first record (see the module docstring for the four formats)."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         head = f.read(1 << 16)
     stripped = head.lstrip()
     if not stripped:
@@ -290,6 +290,15 @@ def iter_passages(path: str | os.PathLike, fmt: str = "auto", *, skip_bad: bool 
     size = os.path.getsize(path)
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {Path(path).name}", disable=not progress)
     seen: set[str] = set()
+    try:
+        yield from _passages(path, fmt, reader, bar, stats, seen, skip_bad, size)
+    except UnicodeDecodeError as exc:
+        raise CorpusFormatError(path, stats.records + 1, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r}"
+                                f" at offset {exc.start} of a read): save the corpus as UTF-8") from None
+
+
+def _passages(path, fmt: str, reader, bar, stats: CorpusStats, seen: set[str], skip_bad: bool,
+              size: int) -> Iterator[Passage]:
     with open(path, encoding="utf-8") as f:
         if fmt in ("pyserini-jsonl", "kilt"):
             records = getattr(reader, fmt.replace("-", "_"))(_counting(f, bar))
@@ -334,8 +343,12 @@ def _counting(f: TextIO, bar: tqdm) -> Iterator[str]:
 def build_corpus(input_path: str | os.PathLike, out_path: str | os.PathLike, fmt: str = "auto", *,
                  skip_bad: bool = False, chunk_size: int = 100, progress: bool = True) -> CorpusStats:
     """Normalise ``input_path`` into a passage JSONL at ``out_path`` (written atomically)."""
+    from ..errors import input_file
+    from ..outputs import check_output_file
+
+    input_file(input_path, "--input", what="corpus file")
+    out_path = check_output_file(out_path, {"--input": input_path})
     stats = CorpusStats(fmt)
-    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".partial")
     try:

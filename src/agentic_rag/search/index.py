@@ -83,8 +83,13 @@ def _open_bm25(index_dir: Path, manifest: IndexManifest, threads: int | None, k1
     if not path.is_dir():
         raise IndexMissingError(f"the BM25 index of {index_dir} is missing ({path} does not exist).\n"
                                 + rebuild_hint(index_dir, manifest.corpus.get("path"), "--bm25"))
-    searcher = BM25Searcher(path, k1=part.k1 if k1 is None else k1, b=part.b if b is None else b,
-                            language=manifest.language, threads=threads)
+    try:
+        searcher = BM25Searcher(path, k1=part.k1 if k1 is None else k1, b=part.b if b is None else b,
+                                language=manifest.language, threads=threads)
+    except IndexMismatchError as exc:  # Lucene cannot read it: damaged, or written by another Lucene
+        hint = rebuild_hint(index_dir, manifest.corpus.get("path"), "--bm25") if not part.external else \
+            f"(it was linked from {path}: link a readable Lucene index with agentic-rag index link)"
+        raise IndexMismatchError(f"{exc}. The index is damaged or incomplete.\n{hint}") from None
     if searcher.num_docs != part.docs:
         raise IndexMismatchError(f"the BM25 index at {path} holds {searcher.num_docs} documents but the manifest "
                                  f"says {part.docs}.\n" + rebuild_hint(index_dir, manifest.corpus.get("path")))

@@ -39,7 +39,7 @@ MANIFEST = "manifest.json"
 
 def rebuild_hint(index_dir: str | os.PathLike, corpus: str | None = None, what: str = "--bm25") -> str:
     corpus_arg = corpus or "CORPUS.jsonl"
-    return (f"Rebuild it with: agentic-rag index build --corpus {corpus_arg} --out {index_dir} {what}\n"
+    return (f"Rebuild it with: agentic-rag index build --corpus {corpus_arg} --out {index_dir} {what} --force\n"
             f"(or point at an index built elsewhere: agentic-rag index link --out {index_dir} "
             f"--lucene LUCENE_DIR | --faiss FAISS_DIR --dense-encoder ENCODER_DIR)")
 

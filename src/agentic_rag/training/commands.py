@@ -5,19 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..argtypes import positive_float, positive_int
+from ..outputs import add_move_aside
+
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import main
 
-    argv = ["--config", args.config, *(["--resume"] if args.resume else []), *(["--check"] if args.check else [])]
+    argv = ["--config", args.config, *(["--resume"] if args.resume else []), *(["--check"] if args.check else []),
+            *(["--move-aside"] if args.move_aside else [])]
     for item in args.set:
         argv += ["--set", item]
     return main(argv)
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    from ..errors import input_file
+    from ..models import model_problem
+    from ..outputs import check_apart, claim_dir
     from .sft import run_sft
 
+    # everything the user named is checked before the model loads
+    input_file(args.data, "--data", what="JSONL trajectory file")
+    if problem := model_problem(args.model):
+        raise ValueError(f"--model: {problem}")
+    check_apart(args.out, {"--model": args.model, "--data": args.data})
+    claim_dir(args.out, "sft", move_aside=args.move_aside)
     summary = run_sft(model=args.model, data=args.data, output_dir=args.out, dialect=args.dialect,
                       language=args.language, chat=args.chat, epochs=args.epochs, learning_rate=args.lr,
                       batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha, full=args.full,
@@ -33,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
-    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config, read the training questions, open and probe the search target, check "
+                        "the output directory, and exit (no model is loaded)")
+    add_move_aside(p, "checkpoint.output_dir")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start on trajectories (environment tokens masked)")
@@ -45,14 +61,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--language", default="en", choices=["en", "zh"])
     p.add_argument("--chat", default=None, type=lambda s: s.lower() in ("1", "true", "yes"),
                    help="use the chat template (default: when the tokenizer has one)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--epochs", type=positive_float, default=1.0)
+    p.add_argument("--lr", type=positive_float, default=2e-4)
+    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--lora-r", type=positive_int, default=16)
+    p.add_argument("--lora-alpha", type=positive_int, default=32)
     p.add_argument("--full", action="store_true", help="fine-tune every weight instead of a LoRA adapter")
     p.add_argument("--merge", action="store_true", help="save the base model with the adapter merged in "
                                                          "(the warm start a GRPO run then adapts)")
-    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--max-length", type=positive_int, default=2048)
     p.add_argument("--seed", type=int, default=42)
+    add_move_aside(p)
     p.set_defaults(func=cmd_sft)

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,14 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
     what the caller knows of how the trajectories were made (their prompt, rollout limits), saved with the model
     over what SFT knows itself (:func:`sft_settings`)."""
     from ..models import save_model
+    from ..outputs import mark_dir, replace_dir
 
+    final = Path(output_dir)
+    # everything is written beside the output and swapped in whole: an earlier output there stays until then
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # an interrupted run's
+    output_dir = str(mark_dir(partial, "sft"))
     trainer, examples, skipped = build_sft_trainer(
         model=model, data=data, output_dir=output_dir, dialect=dialect, language=language, chat=chat, epochs=epochs,
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
@@ -181,10 +189,11 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
     trainer.processing_class.save_pretrained(output_dir)
     sft_settings(trainer.processing_class, examples, dialect, language, chat, settings).write(output_dir)
     summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
-               "output_dir": output_dir, "adapter": not full and not merge, "merged": merge and not full,
+               "output_dir": str(final), "adapter": not full and not merge, "merged": merge and not full,
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
                                                                                           for e in examples)}
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
+    replace_dir(partial, final)
     return summary
 
 

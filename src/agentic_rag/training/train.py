@@ -24,7 +24,6 @@ one process.) The steps:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -34,8 +33,11 @@ from typing import Any
 
 import yaml
 
+from ..argtypes import Parser
 from ..config import ConfigError, ExperimentConfig, config_to_dict, load_config
+from ..errors import UserError, guarded
 from ..logs import configure_logging
+from ..outputs import add_move_aside, aside_path, check_apart, claim_dir, mark_dir
 
 log = logging.getLogger("agentic_rag.train")
 
@@ -229,13 +231,56 @@ def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
         return None
 
 
+def output_inputs(cfg: ExperimentConfig) -> dict[str, str]:
+    """The config's inputs on this machine, which ``checkpoint.output_dir`` must stay apart from."""
+    m = cfg.model
+    return {"model.name_or_path": m.name_or_path, "model.tokenizer": m.tokenizer, "model.adapter": m.adapter,
+            "data.train_file": cfg.data.train_file, "search.index": cfg.search.index}
+
+
+def check_output_dir(cfg: ExperimentConfig, *, resume: bool, move_aside: bool = False,
+                     main_process: bool = True) -> str | None:
+    """Check ``checkpoint.output_dir`` before anything loads; returns the checkpoint to resume from (None: a fresh
+    run). The folder must stay apart from the inputs and be new, empty or a training run's
+    (:func:`agentic_rag.outputs.claim_dir`). ``resume`` needs a complete checkpoint there, and a fresh run is
+    refused where an earlier run left a complete checkpoint or a final adapter (continue it with ``--resume``, or
+    ``move_aside`` keeps it as ``DIR.moved-TIME``): a new run would write its checkpoints over that run's. Only
+    the main process moves or marks anything."""
+    from .trainer import latest_complete_checkpoint
+
+    out = Path(cfg.checkpoint.output_dir)
+    flag = "checkpoint.output_dir"
+    check_apart(out, output_inputs(cfg), flag=flag)
+    claim_dir(out, "train", flag=flag, move_aside=move_aside and main_process)
+    if resume:
+        checkpoint = latest_complete_checkpoint(out, quarantine=main_process)
+        if checkpoint is None:
+            raise UserError(f"--resume: {flag} {out} holds no complete checkpoint to resume from; run without "
+                            f"--resume to start a new run there")
+        return checkpoint
+    earlier = [p.name for p in (Path(c) for c in [latest_complete_checkpoint(out, quarantine=False)] if c)]
+    earlier += [name for name in ("final",) if (out / name / "adapter_config.json").is_file()]
+    if earlier:
+        if not move_aside:
+            raise UserError(f"{flag} {out} holds an earlier run ({', '.join(earlier)}): continue it with --resume, "
+                            f"name another output_dir, or pass --move-aside to keep it at {aside_path(out).name} "
+                            f"and start over")
+        if main_process:
+            moved = aside_path(out)
+            os.replace(out, moved)
+            log.warning("%s %s held an earlier run: moved it to %s", flag, out, moved)
+    if main_process:
+        mark_dir(out, "train")
+    return None
+
+
 def zero_stage(trainer) -> int | None:
     """The ZeRO stage DeepSpeed actually runs (accelerate's plugin, from the DeepSpeed config), None without it."""
     plugin = trainer.accelerator.state.deepspeed_plugin
     return None if plugin is None else int(plugin.zero_stage)
 
 
-def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
+def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool = False) -> dict[str, Any]:
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -243,13 +288,17 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
 
     from ..models import load_tokenizer
     from ..search import open_searcher
+    from ..search.probe import probe
     from ..tools import SearchTool
     from .monitoring import CollapseGuard, SampleTrajectories, init_swanlab, watch_hint
     from .rewards import build_rewards
-    from .trainer import AgenticGRPOTrainer, latest_complete_checkpoint, trained_settings
+    from .trainer import AgenticGRPOTrainer, trained_settings
 
     state = PartialState()
     set_seed(cfg.seed)
+    resume = cfg.checkpoint.resume if resume is None else resume
+    checkpoint = check_output_dir(cfg, resume=resume, move_aside=move_aside, main_process=state.is_main_process)
+    state.wait_for_everyone()
     rows = training_rows(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
     estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer)
@@ -263,6 +312,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
 
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
+    probe(searcher, cfg.search.index)  # a dead search target stops the run here, before the model loads
     dataset = Dataset.from_list(rows)
     limits = rollout_limits(cfg)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
@@ -289,15 +339,12 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
         chat=cfg.model.chat_template, algorithm=cfg.algorithm.name, max_batch_size=cfg.rollout.max_batch_size,
         summary_mode=cfg.rollout.summary_mode, system=cfg.data.system_prompt or None,
         shuffle_rewards=cfg.algorithm.shuffle_rewards, dynamic_sampling=cfg.algorithm.dynamic_sampling,
-        max_extra_rollouts=cfg.algorithm.max_extra_rollouts, peft_config=peft_config, callbacks=callbacks)
+        max_extra_rollouts=cfg.algorithm.max_extra_rollouts, max_search_failure_rate=cfg.search.max_failure_rate,
+        peft_config=peft_config, callbacks=callbacks)
     trainer_ref.append(trainer)
 
-    resume = cfg.checkpoint.resume if resume is None else resume
-    checkpoint = None
-    if resume:
-        checkpoint = latest_complete_checkpoint(out, quarantine=state.is_main_process)
-        state.wait_for_everyone()
-        log.info("resuming from %s", checkpoint) if checkpoint else log.info("no checkpoint to resume from")
+    if checkpoint:
+        log.info("resuming from %s", checkpoint)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     final = out / "final"
     trainer.save_model(str(final))
@@ -323,12 +370,15 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Train a search agent with GRPO (see the module docstring).")
+    ap = Parser(prog="agentic-rag train", description="Train a search agent with GRPO (see the module docstring).")
     ap.add_argument("--config", required=True, help="experiment YAML (experiments/training/*.yaml)")
     ap.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a setting by its dotted name, e.g. --set algorithm.max_steps=2")
-    ap.add_argument("--check", action="store_true", help="validate the config and exit")
+    ap.add_argument("--check", action="store_true",
+                    help="validate the config, read the training questions, open and probe the search target, check "
+                         "the output directory, and exit (no model is loaded)")
+    add_move_aside(ap, "checkpoint.output_dir")
     ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     configure_logging(args.log_level)
@@ -338,19 +388,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rag train: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        try:
+        def check() -> int:
             rows = training_rows(cfg)
-        except ValueError as exc:  # ConfigError, or a malformed question file (QuestionFormatError)
-            print(f"agentic-rag train: {exc}", file=sys.stderr)
-            return 2
-        print(f"{args.config}: OK ({len(rows)} training questions)")
+            check_search_target(cfg)
+            check_output_dir(cfg, resume=bool(args.resume or cfg.checkpoint.resume), move_aside=False,
+                             main_process=False)
+            print(f"{args.config}: OK ({len(rows)} training questions; the search target answers)")
+            return 0
+
+        return guarded("agentic-rag train", check)
+
+    def train() -> int:
+        run(cfg, resume=args.resume or None, move_aside=args.move_aside)
         return 0
-    try:
-        run(cfg, resume=args.resume or None)
-    except ConfigError as exc:  # refused before the model loaded (the RAM check)
-        print(f"agentic-rag train: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+    return guarded("agentic-rag train", train)
+
+
+def check_search_target(cfg: ExperimentConfig) -> None:
+    """Open the searcher the run would use and ask it one query (``--check``)."""
+    from ..search import open_searcher
+    from ..search.probe import probe
+
+    searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=0, timeout=cfg.search.timeout_s)
+    probe(searcher, cfg.search.index)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ from ..data.prompts import build_prompt, system_prompt
 from ..rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams
 from ..rollout.scoring import layout
 from ..rollout.trained_settings import TrainedSettings
-from ..rollout.trajectory import ENV, MODEL, Trajectory
+from ..rollout.trajectory import ENV, MODEL, Trajectory, search_outcomes
 from .model import compact_lm_head_scoring
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,7 @@ class AgentSettings:
     shuffle_rewards: bool = False  # the shuffled-reward control (see _calculate_rewards)
     dynamic_sampling: bool = False  # drop zero-variance groups and refill (see _generate_and_score_completions)
     max_extra_rollouts: int = 0  # the refills' cap, rollouts per process per generation batch
+    max_search_failure_rate: float = 0.05  # the run stops when more of its searches fail (see _count_search_failures)
 
 
 def trained_settings(agent: AgentSettings, tokenizer: Any) -> TrainedSettings:
@@ -387,7 +388,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                  chat: bool | None = None, algorithm: str = "grpo", max_batch_size: int | None = None,
                  summary_mode: str = "replace", processors=(), system: str | None = None,
                  shuffle_rewards: bool = False, dynamic_sampling: bool | None = None,
-                 max_extra_rollouts: int | None = None, peft_config=None, callbacks=None):
+                 max_extra_rollouts: int | None = None, max_search_failure_rate: float = 0.05, peft_config=None,
+                 callbacks=None):
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
         if dynamic_sampling is None:
@@ -420,7 +422,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                    processors=list(processors), system=system or None,
                                    shuffle_rewards=shuffle_rewards, dynamic_sampling=bool(dynamic_sampling),
                                    max_extra_rollouts=per_generation if max_extra_rollouts is None
-                                   else max_extra_rollouts)
+                                   else max_extra_rollouts, max_search_failure_rate=max_search_failure_rate)
+        self._search_totals = [0, 0]  # failed searches, searches, over the run (all processes)
         self._shuffle_step, self._shuffle_calls = -1, 0  # the shuffled-reward control's position (step, call)
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
@@ -507,16 +510,40 @@ class AgenticGRPOTrainer(GRPOTrainer):
         device = self.accelerator.device
         stats = torch.tensor([[t.num_searches, t.num_turns, t.model_tokens, t.env_tokens, float(not t.is_linear),
                                float(t.finish_reason == "answer"),
-                               float(any(e["type"] == "error" for e in t.events))] for t in trajs],
-                             dtype=torch.float32, device=device)
-        gathered = self.accelerator.gather(stats).mean(0).tolist()
+                               float(any(e["type"] == "error" for e in t.events)), *search_outcomes(t.events)]
+                              for t in trajs], dtype=torch.float32, device=device)
+        rows = self.accelerator.gather(stats)
+        gathered = rows.mean(0).tolist()
         names = ["searches_per_trajectory", "turns_per_trajectory", "model_tokens", "env_tokens_masked",
                  "branched_fraction", "answered_fraction", "tool_error_fraction"]
-        for name, value in zip(names, gathered, strict=True):
+        for name, value in zip(names, gathered[:len(names)], strict=True):
             self._metrics[mode][f"agentic/{name}"].append(value)
+        failed, searches = int(rows[:, 7].sum().item()), int(rows[:, 8].sum().item())
+        self._metrics[mode]["agentic/search_failure_rate"].append(failed / searches if searches else 0.0)
+        self._count_search_failures(failed, searches)
         reasons = Counter(t.finish_reason for t in trajs)
         for reason, n in reasons.items():
             self._metrics[mode][f"agentic/finish/{reason}"].append(n / len(trajs))
+
+    def _count_search_failures(self, failed: int, searches: int) -> None:
+        """Stop the run (:class:`~agentic_rag.errors.SearchFailuresError`, on every process alike: the counts are
+        gathered) when its searches fail: every search of a batch of at least 10, or more than
+        ``max_search_failure_rate`` of the run's searches once it has made 50. Rewards earned with error
+        observations instead of passages would train the model on a broken search target. The last complete
+        checkpoint stays; fix the searcher and go on with ``--resume``."""
+        from ..errors import SearchFailuresError
+
+        self._search_totals[0] += failed
+        self._search_totals[1] += searches
+        total_failed, total = self._search_totals
+        limit = self.agent.max_search_failure_rate
+        whole_batch = searches >= 10 and failed == searches
+        if whole_batch or (total >= 50 and total_failed / total > limit):
+            raise SearchFailuresError(
+                f"training stopped at step {self.state.global_step}: {failed} of {searches} searches of the last "
+                f"rollout batch failed, {total_failed} of {total} over the run ({total_failed / total:.1%}; "
+                f"search.max_failure_rate is {limit:.1%}). Check the search target (search.index), then continue with "
+                f"--resume")
 
     # ---------------------------------------------------------------------------------- advantages
 

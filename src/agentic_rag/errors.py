@@ -1,0 +1,106 @@
+"""The error a user's input causes, and the command line's one error boundary.
+
+A :class:`UserError` is printed as one line naming the file or flag and the fix, with exit code 2 and no
+traceback: a wrong path, an unreadable or malformed file, a value out of range, an index that cannot be
+opened, a search target that does not answer. Anything else that escapes a command is a bug in the toolkit: the
+traceback is printed with a line asking for a report, exit code 1.
+
+It subclasses ``ValueError`` so that callers that already treat a bad value as the user's (a config check, the
+chat server's start-up) treat these the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+
+class UserError(ValueError):
+    """An error caused by the user's input: one clear message, no traceback, exit code 2."""
+
+    exit_code = 2
+
+
+class OutputError(UserError):
+    """An output path that would destroy something the command did not make (see :mod:`agentic_rag.outputs`)."""
+
+
+class SearchFailuresError(UserError):
+    """A run finished, but more of its searches failed than its threshold allows: its numbers measure a broken
+    search target, not the model. Raised after the summary is written (``summary``); the command exits 3."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary or {}
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean the user's input is at fault (a path, a file's content, a value, an index that
+    cannot be opened, a search target or endpoint that does not answer): one line, exit 2. ``ValueError`` covers
+    every config, question-file, corpus and prediction-file error (they subclass it) and :class:`UserError`."""
+    from .endpoints import EndpointError
+    from .search.jvm import JvmError
+    from .search.types import SearchError
+
+    return (ValueError, SearchError, EndpointError, JvmError, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError, PermissionError, FileExistsError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a user error, as the line the command prints: an OSError names its file."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+def guarded(prog: str, fn: Callable[[], int | None]) -> int:
+    """Run ``fn`` inside the one error boundary and return the exit status: a user error (:func:`user_errors`) is
+    one line on stderr and its ``exit_code`` (2, or 3 for a run whose searches failed); Ctrl-C is 130; anything else
+    is a bug: its traceback and a line asking for a report, status 1."""
+    try:
+        return int(fn() or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one error boundary: a user's error is a line, a bug a traceback
+        if isinstance(exc, user_errors()):
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                traceback.print_exc()
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2))
+        traceback.print_exc()
+        print(f"{prog}: internal error ({type(exc).__name__}): this is a bug in agentic-rag, not in your input. "
+              f"Please report it with the command you ran and the traceback above.", file=sys.stderr)
+        return 1
+
+
+def input_file(path: str | os.PathLike | None, flag: str, *, what: str = "file") -> Path:
+    """``path`` as a readable file, or a :class:`UserError` naming ``flag``: missing, a folder, unreadable."""
+    if path is None or str(path) == "":
+        raise UserError(f"{flag} is required: give the {what}")
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{flag} {p} is a folder; {flag} takes a {what}")
+    if not p.exists():
+        raise UserError(f"{flag} {p}: no such file")
+    if not os.access(p, os.R_OK):
+        raise UserError(f"{flag} {p}: not readable (permission denied)")
+    return p
+
+
+def input_dir(path: str | os.PathLike | None, flag: str, *, what: str = "folder") -> Path:
+    """``path`` as an existing folder, or a :class:`UserError` naming ``flag``."""
+    if path is None or str(path) == "":
+        raise UserError(f"{flag} is required: give the {what}")
+    p = Path(path)
+    if p.is_file():
+        raise UserError(f"{flag} {p} is a file; {flag} takes a {what}")
+    if not p.exists():
+        raise UserError(f"{flag} {p}: no such folder")
+    return p

@@ -1,0 +1,245 @@
+"""Where the toolkit writes: every output path checked before anything is written, the folders it makes marked
+as its own, and its own earlier output replaced only once the new one is complete.
+
+The rules every writing subcommand keeps (as git, rsync and pip do: refuse, explain, keep):
+
+* **apart from its inputs** (:func:`check_apart`): an output is never one of the command's inputs, never inside
+  one, and never holds one (``index build --out DIR`` with the corpus in ``DIR`` would replace the corpus);
+* **only its own folders** (:func:`claim_dir`): a folder is written into or replaced only when it is missing,
+  empty, or made by this toolkit for the same purpose: it carries :data:`MARKER` (``.agentic-rag.json``, naming
+  the kind of output), or the layout an earlier version of the command wrote (an index's ``manifest.json``, an
+  evaluation's ``config.json`` beside its predictions, ...). Anything else is refused, naming a few of its
+  files; with ``--move-aside`` it is renamed to ``DIR.moved-YYYYmmdd-HHMMSS`` (never deleted) and the command
+  goes on;
+* **files** (:func:`check_output_file`): an output file is not a folder and not an input; it is written beside
+  its final name and renamed over it when complete (:func:`atomic_write_text`);
+* **replacing its own output** (:func:`replace_dir`): the new folder is built beside the old one and swapped in
+  whole; the old one is deleted only after the swap, and only because it was the command's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from .errors import OutputError
+
+log = logging.getLogger(__name__)
+
+MARKER = ".agentic-rag.json"
+
+# What each kind of output is, in words, for the messages.
+KINDS = {
+    "index": "an index (agentic-rag index build / link)",
+    "index-partial": "an interrupted index build",
+    "eval": "an evaluation run (agentic-rag eval)",
+    "sft": "an SFT model or adapter (agentic-rag sft)",
+    "train": "a training run (agentic-rag train)",
+    "world": "a generated world (agentic-rag world)",
+    "quickstart": "a quick start (python -m agentic_rag.demo.quickstart)",
+    "trajectories": "gold trajectories (agentic-rag trajectories)",
+}
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _legacy_eval(d: Path) -> bool:
+    cfg = _json(d / "config.json")
+    return cfg is not None and {"dataset", "policy"} <= cfg.keys() and (
+        (d / "predictions.jsonl").exists() or (d / "summary.json").exists())
+
+
+def _legacy_train(d: Path) -> bool:
+    return (d / "train_summary.json").is_file() or ((d / "config.yaml").is_file() and (
+        any(d.glob("checkpoint-*")) or (d / "final").is_dir() or (d / "train.log").is_file()))
+
+
+def _legacy_sft(d: Path) -> bool:
+    return (d / "sft_summary.json").is_file() or (
+        (d / "agentic_rag.json").is_file() and ((d / "adapter_config.json").is_file() or (d / "config.json").is_file()))
+
+
+# The layouts earlier versions wrote, before folders carried the marker: still recognised as the command's own.
+LEGACY_LAYOUTS: dict[str, Callable[[Path], bool]] = {
+    "index": lambda d: _json(d / "manifest.json") is not None,
+    "eval": _legacy_eval,
+    "sft": _legacy_sft,
+    "train": _legacy_train,
+    "world": lambda d: (d / "world.json").is_file() and (d / "corpus.json").is_file(),
+    "quickstart": lambda d: _json(d / "settings.json") is not None and (d / "world").is_dir(),
+}
+
+
+def owner(path: str | os.PathLike) -> str | None:
+    """The kind of output the folder ``path`` is (its marker's, else a recognised earlier layout's), or None."""
+    d = Path(path)
+    if not d.is_dir():
+        return None
+    marker = _json(d / MARKER)
+    if marker is not None and marker.get("made_by") == "agentic-rag" and isinstance(marker.get("kind"), str):
+        return marker["kind"]
+    for kind, looks_like in LEGACY_LAYOUTS.items():
+        if looks_like(d):
+            return kind
+    return None
+
+
+def mark_dir(path: str | os.PathLike, kind: str) -> Path:
+    """Create the folder ``path`` (when missing) and mark it as a ``kind`` output of this toolkit."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / MARKER
+    if _json(marker) is None or _json(marker).get("kind") != kind:
+        marker.write_text(json.dumps({"made_by": "agentic-rag", "kind": kind,
+                                      "created": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n", encoding="utf-8")
+    return d
+
+
+def _sample(d: Path, n: int = 3) -> str:
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in d.iterdir())
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def aside_path(path: Path) -> Path:
+    """A free sibling name for ``path`` moved aside: ``NAME.moved-YYYYmmdd-HHMMSS`` (with a counter if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = path.with_name(f"{path.name}.moved-{stamp}")
+    i = 1
+    while candidate.exists():
+        i += 1
+        candidate = path.with_name(f"{path.name}.moved-{stamp}-{i}")
+    return candidate
+
+
+def claim_dir(path: str | os.PathLike, kind: str, *, flag: str = "--out", move_aside: bool = False,
+              also: tuple[str, ...] = ()) -> Path:
+    """Check, before anything is written, that the command may write the folder ``path`` as a ``kind`` output.
+
+    Missing, empty, or already a ``kind`` (or ``also``) output: fine. A file: refused. Anything else (a folder of
+    the user's, or another kind of output): refused with what it holds, unless ``move_aside``, which renames it
+    to :func:`aside_path` (logged) so that ``path`` is free. Nothing is ever deleted here."""
+    d = Path(path)
+    if d.is_symlink() and not d.exists():
+        raise OutputError(f"{flag} {d} is a broken symbolic link; name a folder")
+    if d.exists() and not d.is_dir():
+        raise OutputError(f"{flag} {d} is a file; {flag} names a folder ({KINDS.get(kind, kind)} goes there)")
+    if not d.exists() or not any(d.iterdir()):
+        return d
+    made = owner(d)
+    if made == kind or made in also:
+        return d
+    holds = f"holds {KINDS.get(made, made)}" if made else f"holds files agentic-rag did not write ({_sample(d)})"
+    aside = aside_path(d)
+    if not move_aside:
+        raise OutputError(f"{flag} {d} {holds}; this command would write {KINDS.get(kind, kind)} there. Name a "
+                          f"new or empty folder, or pass --move-aside to move it to {aside.name} first (nothing is "
+                          f"deleted)")
+    os.replace(d, aside)
+    log.warning("%s %s %s: moved it to %s", flag, d, holds, aside)
+    return d
+
+
+def _real(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def _is_url(value: str) -> bool:
+    return value.startswith(("http://", "https://"))
+
+
+def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], *,
+                flag: str = "--out") -> None:
+    """Refuse an output ``out`` that is one of ``inputs`` (``{flag or setting: path}``), lies inside one, or holds
+    one. Inputs that are not on this machine (URLs, hub names, unset) are skipped; symbolic links are followed."""
+    o = _real(out)
+    for name, value in inputs.items():
+        if value is None or str(value) == "" or _is_url(str(value)) or not os.path.exists(str(value)):
+            continue
+        i = _real(value)
+        if o == i:
+            raise OutputError(f"{flag} {out} is the {name} input {value}: the output would overwrite it; "
+                              f"name another path")
+        if i in o.parents:
+            raise OutputError(f"{flag} {out} is inside the {name} input {value}; write the output outside it")
+        if o in i.parents:
+            raise OutputError(f"the {name} input {value} is inside {flag} {out}, which this command writes; "
+                              f"name an output outside the inputs")
+
+
+def check_output_file(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None] | None = None, *,
+                      flag: str = "--out") -> Path:
+    """An output file path: not a folder, not one of ``inputs``, its folder creatable. Returns it as a Path."""
+    p = Path(out)
+    if p.is_dir():
+        raise OutputError(f"{flag} {p} is a folder; {flag} names a file")
+    if str(out).endswith(os.sep):
+        raise OutputError(f"{flag} {out} ends with a path separator; {flag} names a file")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputError(f"{flag} {p}: {parent} is a file, so {p} cannot be created")
+            break
+    if inputs:
+        for name, value in inputs.items():
+            if value is None or str(value) == "" or _is_url(str(value)) or not os.path.exists(str(value)):
+                continue
+            if _real(value) == _real(p):
+                raise OutputError(f"{flag} {out} is the {name} input {value}: the output would overwrite it; "
+                                  f"name another file")
+            if Path(value).is_dir() and _real(value) in _real(p).parents:
+                raise OutputError(f"{flag} {out} is inside the {name} input {value}; write the output outside it")
+    return p
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a sibling temporary file renamed over it: a reader sees the old file or
+    the new one, never half of one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return p
+
+
+def replace_dir(new: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Put the complete folder ``new`` at ``out``; an ``out`` already there (the command's own earlier output,
+    claimed by :func:`claim_dir`) is renamed aside first and deleted only after ``new`` is in place."""
+    new, out = Path(new), Path(out)
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(new, out)
+        return out
+    old = out.with_name(f".{out.name}.replaced-{os.getpid()}-{time.time_ns()}")
+    os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except OSError:
+        os.replace(old, out)  # put the old one back: nothing lost
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def add_move_aside(p: argparse.ArgumentParser, flag: str = "--out") -> None:
+    """``--move-aside``: the one way past :func:`claim_dir`'s refusal of a folder the command did not make (the
+    folder is renamed, never deleted)."""
+    p.add_argument("--move-aside", action="store_true",
+                   help=f"when {flag} is a folder agentic-rag did not make, rename it to NAME.moved-TIMESTAMP and "
+                        f"write a new one (without it such a folder is refused; nothing is ever deleted)")
