@@ -69,13 +69,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_search_server(index_dir: Path, *options: str, timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
+def start_search_server(index_dir: Path | str, *options: str, timeout_s: float = 180,
+                        log_level: str = "WARNING") -> tuple[subprocess.Popen, str]:
     """``agentic-rag serve-search`` on a free port of 127.0.0.1, as a user starts it; returns once /health answers
     (the process and its URL), or fails the test with the server's output."""
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", "WARNING", "serve-search",
+    proc = subprocess.Popen([sys.executable, "-m", "agentic_rag.cli", "--log-level", log_level, "serve-search",
                              "--index", str(index_dir), "--port", str(port), *options],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -375,6 +375,20 @@ BAD = [
     (ask("hi", max_tokens=5000), {}, 400, "max_tokens must be between 1 and 4096"),
     (ask("hi", max_completion_tokens=-3), {}, 400, "max_completion_tokens must be between"),
     (ask("hi", max_tokens="many"), {}, 400, "max_tokens"),
+    # strict types: a boolean, a numeric string or a float is not a count, a string is not a flag
+    (ask("hi", max_tokens=True), {}, 400, "max_tokens: Input should be a valid integer, got boolean true"),
+    (ask("hi", max_tokens="5"), {}, 400, "max_tokens: Input should be a valid integer, got string '5'"),
+    (ask("hi", max_tokens=5.0), {}, 400, "max_tokens: Input should be a valid integer, got number 5.0"),
+    (ask("hi", max_completion_tokens=False), {}, 400, "max_completion_tokens: Input should be a valid integer"),
+    (ask("hi", n=True), {}, 400, "n: Input should be a valid integer, got boolean true"),
+    (ask("hi", n="1"), {}, 400, "n: Input should be a valid integer, got string '1'"),
+    (ask("hi", stream="true"), {}, 400, "stream: Input should be a valid boolean, got string 'true'"),
+    (ask("hi", stream=1), {}, 400, "stream: Input should be a valid boolean, got number 1"),
+    (ask("hi", temperature="0.5"), {}, 400, "temperature: Input should be a valid number, got string '0.5'"),
+    (ask("hi", top_p=True), {}, 400, "top_p: Input should be a valid number, got boolean true"),
+    (ask("hi", logprobs="false"), {}, 400, "logprobs: Input should be a valid boolean, got string 'false'"),
+    (ask("hi", stream=True, stream_options={"include_usage": "yes"}), {}, 400,
+     "stream_options.include_usage: Input should be a valid boolean"),
     (ask("hi", temperature=-0.1), {}, 400, "temperature must be between 0 and 2"),
     (ask("hi", temperature=2.5), {}, 400, "temperature must be between 0 and 2"),
     (ask("hi", top_p=0), {}, 400, "top_p must be in (0, 1]"),
@@ -396,6 +410,45 @@ def test_every_bad_request_gets_a_4xx_with_a_reason(server, body, headers, statu
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert reason in err["message"] and err["type"] == "invalid_request_error"
+
+
+class _BrokenSearch:
+    """A searcher that fails the way a remote one does, with its address and the transport's words in the message;
+    a query with "Marie" in it fails alone (PartialSearchError), any other batch fails whole."""
+
+    URL = "http://10.20.30.40:8000/batch_search"
+
+    def search(self, query, k=10):
+        return self.batch_search([query], k)[0]
+
+    def batch_search(self, queries, k=10):
+        from agentic_rag.search.types import PartialSearchError, SearchError
+
+        if any("Marie" in q for q in queries):
+            raise PartialSearchError([None] * len(queries), [f"TooManyClauses at {self.URL}"] * len(queries))
+        raise SearchError(f"search server {self.URL} failed after 4 attempts: ConnectError: [Errno 111] "
+                          "Connection refused")
+
+
+def test_a_failed_search_shows_the_client_search_failed_and_nothing_internal(model_dir, wiki_index, caplog):
+    """The search server's address and the exception text stay in the server log: the trace's error events say
+    "search failed", in a plain reply and in a stream, and the model's observation has no internals to copy."""
+    with serve(model_dir, wiki_index, _BrokenSearch(), model_name="broken") as (url, app), \
+            caplog.at_level("WARNING", logger="agentic_rag.serving.agent"):
+        body = {"model": "broken", "messages": [{"role": "user", "content": Q_HENRIETTE}]}
+        plain = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+        streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert plain.status_code == 200 and streamed.status_code == 200
+    for text in (plain.text, streamed.text):
+        assert "10.20.30.40" not in text and "Connection refused" not in text and "TooManyClauses" not in text
+    errors = [e for e in plain.json()["agent_trace"]["events"] if e["type"] == "error"]
+    assert [(e["kind"], e["message"]) for e in errors] == [("search_failed", "search failed")] * 2
+    events = [json.loads(line[5:]).get("agent_event") for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert [(e["kind"], e["message"]) for e in events if e and e["type"] == "error"] == \
+        [("search_failed", "search failed")] * 2
+    # the operator still learns what happened
+    assert "10.20.30.40" in caplog.text and "Connection refused" in caplog.text and "TooManyClauses" in caplog.text
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(server):
@@ -455,10 +508,11 @@ def test_bearer_token_auth(model_dir, wiki_index, searcher):
 def test_no_token_means_loopback_only():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
-    public = ServerConfig(model="m", index="i", host="0.0.0.0")
+    model = "smollm2-135m-instruct"  # a model name that resolves offline (the packaged one)
+    public = ServerConfig(model=model, index="i", host="0.0.0.0")
     assert any("refusing to bind '0.0.0.0' without an API token" in p for p in public.problems())
-    assert ServerConfig(model="m", index="i", host="0.0.0.0", api_token="t").problems() == []
-    assert ServerConfig(model="m", index="i", host="0.0.0.0", insecure_public=True).problems() == []
+    assert ServerConfig(model=model, index="i", host="0.0.0.0", api_token="t").problems() == []
+    assert ServerConfig(model=model, index="i", host="0.0.0.0", insecure_public=True).problems() == []
 
 
 def test_run_server_script_checks_the_whole_config_before_loading(tmp_path):
@@ -644,14 +698,141 @@ def test_the_chat_server_entry_point_starts_serves_and_stops(model_dir, wiki_ind
         assert 0 < body["usage"]["completion_tokens"] <= 6 and body["choices"][0]["finish_reason"] in ("stop", "length")
         assert body["agent_trace"]["model_tokens"] == body["usage"]["completion_tokens"]
         proc.send_signal(signal.SIGTERM)  # what a service manager sends
-        # uvicorn shuts down gracefully, then re-raises the signal it caught: the process ends "terminated by
-        # SIGTERM" (0 with uvicorn versions before 0.29)
-        assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()
+        # a graceful shutdown, then exit 0 (uvicorn alone re-raises the signal: "terminated by SIGTERM")
+        assert proc.wait(60) == 0, log.read_text()
     text = log.read_text()
     assert "Application shutdown complete" in text and "Finished server process" in text, text
     assert "Traceback" not in text and " ERROR " not in text, text
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health", timeout=2)
+
+
+def _entry_point() -> Path:
+    """``service/chat_server.py`` of the source tree under test (the one ``agentic_rag`` is imported from)."""
+    import agentic_rag
+
+    return Path(agentic_rag.__file__).resolve().parents[2] / "service" / "chat_server.py"
+
+
+def _plain_request(url: str, body: dict, out: dict, key: str) -> None:
+    try:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=180)
+        out[key] = {"status": r.status_code, "type": r.headers.get("content-type", ""), "text": r.text,
+                    "at": time.monotonic()}
+    except httpx.TransportError as exc:
+        out[key] = {"status": type(exc).__name__, "text": str(exc), "at": time.monotonic()}
+
+
+def _streamed_request(url: str, body: dict, out: dict, key: str) -> None:
+    """A stream, then (as a client in a loop would) one more request on the same keep-alive connection."""
+    lines: list[str] = []
+    out[key] = {"status": None, "lines": lines, "error": None}
+    with httpx.Client(timeout=180) as client:
+        try:
+            with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                out[key]["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        lines.append(line[5:].strip())
+        except httpx.TransportError as exc:  # the stream was cut off
+            out[key]["error"] = f"{type(exc).__name__}: {exc}"
+        out[key]["at"] = time.monotonic()
+        try:
+            r = client.post(url + "/v1/chat/completions", json={**body, "stream": False})
+            out[key]["next"] = (r.status_code, r.json())
+        except httpx.TransportError as exc:
+            out[key]["next"] = (type(exc).__name__, str(exc))
+
+
+def test_sigterm_finishes_replies_in_grace_and_answers_the_rest_with_openai_errors(model_dir, wiki_index, tmp_path):
+    """SIGTERM to the real server process while four replies are in flight: the two running (a plain one and a
+    stream) finish within the grace period and are answered in full; the two queued behind them (long ones) cannot,
+    and when the grace period ends the plain one gets a 503 in OpenAI's error shape and the stream an error chunk
+    and ``data: [DONE]``. The process exits 0 soon after the grace period, logging the start and the end.
+
+    It used to answer the cut-off plain request with a text/plain "Internal Server Error", end the stream without a
+    last chunk or [DONE], and die killed by the signal. The grace period comes from AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S
+    (8 s here; the old code ignores the variable and waited its fixed 10 s)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    argv = [sys.executable, str(_entry_point()), "--model", str(model_dir), "--index", str(wiki_index), "--port",
+            str(port), "--model-name", "tiny", "--max-batch", "4", "--max-tokens-per-turn", "4096"]
+    env = clean_env(AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S="8")
+
+    def body(max_tokens: int, stream: bool = False) -> dict:
+        return {"model": "tiny", "messages": [{"role": "user", "content": "Tell me everything?"}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+
+    with process(argv, url + "/health", log, env=env) as proc:
+        # how fast this machine decodes: the running replies should take ~2 s, the queued ones far past the grace
+        assert httpx.post(url + "/v1/chat/completions", json=body(8), timeout=180).status_code == 200  # warm-up
+        t0 = time.monotonic()
+        assert httpx.post(url + "/v1/chat/completions", json=body(32), timeout=180).status_code == 200
+        per_token = (time.monotonic() - t0) / 32
+        short, long = max(16, min(2000, int(2.0 / per_token))), 3800
+        out: dict = {}
+        # a reply of ~1 s keeps the engine busy while the two short ones queue, so they run together
+        threads = [threading.Thread(target=_plain_request, args=(url, body(max(4, short // 2)), out, "blocker"))]
+        threads[0].start()
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 1, what="the first reply to run")
+        threads += [threading.Thread(target=_plain_request, args=(url, body(short), out, "short plain")),
+                    threading.Thread(target=_streamed_request, args=(url, body(short, True), out, "short stream"))]
+        for t in threads[1:]:
+            t.start()
+        wait_for(lambda: httpx.get(url + "/health").json()["active"] == 2, what="the short replies to run")
+        threads += [threading.Thread(target=_plain_request, args=(url, body(long), out, "long plain")),
+                    threading.Thread(target=_streamed_request, args=(url, body(long, True), out, "long stream"))]
+        for t in threads[3:]:
+            t.start()
+        wait_for(lambda: httpx.get(url + "/health").json()["queue_depth"] == 2, what="the long replies to queue")
+        wait_for(lambda: len(out["short stream"]["lines"]) >= 3, what="the short stream to start")
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.ConnectError):  # no new connections once the shutdown has begun
+            time.sleep(0.5)
+            httpx.get(url + "/health", timeout=5)
+        rc = proc.wait(60)
+        exit_s = time.monotonic() - signalled
+        for t in threads:
+            t.join(60)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    assert exit_s < 8 + 8, (exit_s, text[-3000:])
+    timing = {"per_token_s": round(per_token, 4), "short": short, "exit_s": round(exit_s, 2)}
+
+    # running at SIGTERM, finished in full within the grace period
+    plain = out["short plain"]
+    assert plain["status"] == 200 and plain["at"] > signalled, (plain, timing, plain["at"] - signalled)
+    assert json.loads(plain["text"])["usage"]["completion_tokens"] == short
+    stream = out["short stream"]
+    assert stream["status"] == 200 and stream["error"] is None and stream["at"] > signalled, stream
+    assert stream["lines"][-1] == "[DONE]"
+    assert json.loads(stream["lines"][-2])["choices"][0]["finish_reason"] == "length"
+
+    # queued at SIGTERM, cut off when the grace period ended: OpenAI's error shape, never a bare 500
+    plain = out["long plain"]
+    assert plain["status"] == 503 and plain["type"] == "application/json", plain
+    error = json.loads(plain["text"])["error"]
+    assert error["type"] == "server_error" and error["code"] == "server_shutting_down"
+    assert "shutting down" in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert 8 - 1 < plain["at"] - signalled < 8 + 5, (plain["at"] - signalled, timing)
+    stream = out["long stream"]
+    assert stream["status"] == 200 and stream["error"] is None, stream
+    assert stream["lines"][-1] == "[DONE]"
+    last = json.loads(stream["lines"][-2])
+    assert last["error"]["code"] == "server_shutting_down" and last["error"]["type"] == "server_error", last
+    assert json.loads(stream["lines"][0])["choices"][0]["delta"]["role"] == "assistant"
+
+    # a stream began before the shutdown, so its headers could not say Connection: close: its client reused the
+    # connection right after [DONE], and that request was answered 503, not reset under it
+    for key in ("short stream", "long stream"):
+        status, answer = out[key]["next"]
+        assert status == 503 and answer["error"]["code"] == "server_shutting_down", (key, out[key]["next"])
+
+    assert "chat server shutting down: 4 request(s) in flight, 8 s to finish them" in text, text[-3000:]
+    assert "4 request(s) were in flight, 2 finished, 2 cut off, 2 refused" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
 
 
 def test_terminal_client_interactive_session(server):
@@ -782,3 +963,6 @@ def test_config_from_env_and_flags():
     assert (cfg.port, cfg.max_batch, cfg.model, cfg.served_name) == (9200, 2, "/m", "m")
     with pytest.raises(ValueError, match="AGENTIC_RAG_CHAT_PORT must be int"):
         ServerConfig.from_env({"AGENTIC_RAG_CHAT_PORT": "eighty"})
+    assert ServerConfig.from_env({"AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S": "2.5"}).shutdown_grace_s == 2.5
+    assert "--shutdown-grace-s must be a number of seconds >= 0, got -1" in \
+        ServerConfig(model="m", index="i", shutdown_grace_s=-1).problems()

@@ -6,8 +6,12 @@ import http.server
 import itertools
 import json
 import multiprocessing
+import os
+import signal
 import socket
 import string
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -84,6 +88,14 @@ BAD = [
     ("/search", {"query": "x", "k": 0}, 422, "k must be between 1 and 100"),
     ("/search", {"query": "x", "k": 101}, 422, "k must be between 1 and 100"),
     ("/search", {"query": "x", "k": "five"}, 422, "k: Input should be a valid integer"),
+    # strict: a boolean, a numeric string or a float is not a count
+    ("/search", {"query": "x", "k": True}, 422, "k: Input should be a valid integer, got boolean true"),
+    ("/search", {"query": "x", "k": "5"}, 422, "k: Input should be a valid integer, got string '5'"),
+    ("/search", {"query": "x", "k": 5.0}, 422, "k: Input should be a valid integer, got number 5.0"),
+    ("/search", {"query": 5, "k": 3}, 422, "query: Input should be a valid string, got number 5"),
+    ("/search", {"query": "x", "K": 3}, 422, "K: not a field of this request (it takes query and k)"),
+    ("/batch_search", {"queries": ["a", 1], "k": 3}, 422, "queries.1: Input should be a valid string, got number 1"),
+    ("/batch_search", {"queries": ["a"], "k": False}, 422, "k: Input should be a valid integer, got boolean false"),
     ("/search", {"k": 3}, 422, "query: Field required"),
     ("/search", {"query": ["a", "b"]}, 422, "query: Input should be a valid string"),
     ("/search", ["not", "an", "object"], 422, "valid dictionary"),
@@ -161,11 +173,46 @@ def test_malformed_and_oversized_bodies(server):
     r = httpx.post(server + "/search", content=b'{"query": "x", "k": ', headers={"content-type": "application/json"})
     assert r.status_code == 422 and "malformed JSON" in r.json()["detail"]
     r = httpx.post(server + "/search", content=b"query=x", headers={"content-type": "text/plain"})
-    assert 400 <= r.status_code < 500
+    assert r.status_code == 415 and "Content-Type: application/json" in r.json()["detail"]
     r = httpx.post(server + "/search", content=b"x" * (5 << 20), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "body over" in r.json()["detail"]
     assert httpx.get(server + "/search").status_code == 405
     assert httpx.get(server + "/nope").status_code == 404
+
+
+@pytest.mark.parametrize("headers", [{"content-type": "application/x-www-form-urlencoded"},  # curl -d
+                                     {"content-type": "text/plain"}, {}])
+def test_a_body_that_is_not_declared_json_gets_415(server, headers):
+    """415 naming the content type to send, not a pydantic message about dictionaries; JSON with a charset, or
+    an ``application/*+json`` type, is JSON."""
+    for path in ("/search", "/batch_search"):
+        r = httpx.post(server + path, content=b'{"query": "Teutberga", "queries": ["Teutberga"], "k": 1}',
+                       headers=headers)
+        assert r.status_code == 415, r.text
+        assert r.json()["detail"].startswith("the body must be JSON: send Content-Type: application/json")
+    for kind in ("application/json; charset=utf-8", "application/vnd.search+json"):
+        r = httpx.post(server + "/search", content=b'{"query": "Teutberga", "k": 1}', headers={"content-type": kind})
+        assert r.status_code == 200 and r.json()["hits"][0]["docid"] == "0"
+
+
+@pytest.mark.parametrize("flag, value, reason", [
+    ("--max-k", "0", "argument --max-k: must be >= 1, got 0"),
+    ("--max-batch", "-1", "argument --max-batch: must be >= 1, got -1"),
+    ("--port", "70000", "argument --port: must be a port between 1 and 65535, got 70000"),
+    ("--workers", "0", "argument --workers: must be >= 1, got 0"),
+    ("--cache-size", "-1", "argument --cache-size: must be >= 0, got -1"),
+    ("--shutdown-grace-s", "-2", "argument --shutdown-grace-s: must be >= 0, got -2"),
+])
+def test_serve_search_refuses_bad_settings_before_opening_the_index(wiki_index, flag, value, reason):
+    """A setting that would make the server refuse every request (``--max-k 0``), or cannot work, is a usage error
+    at once: exit 2 naming the flag, before the JVM starts or the index opens (it used to start and serve 422s)."""
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "agentic_rag.cli", "--log-level", "INFO", "serve-search", "--index",
+                        str(wiki_index), "--port", str(free_port()), flag, value],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert reason in r.stderr and "JVM started" not in r.stderr and "serving" not in r.stderr
+    assert time.monotonic() - t0 < 30
 
 
 def test_a_chunked_body_over_the_limit_is_refused(server):
@@ -415,3 +462,150 @@ def test_worker_processes_answer_without_nagles_delay():
 
     assert _nodelay_in_a_worker(config(TCPNoDelayConfig)) == 1
     assert _nodelay_in_a_worker(config(uvicorn.Config)) == 0
+
+
+# ---------------------------------------------------------------------------------------------------- shutdown
+
+
+class _SlowBackend(http.server.BaseHTTPRequestHandler):
+    """A search backend for ``serve-search --index http://...``: answers ``/batch_search`` after ``delay`` seconds,
+    so that the server's requests are still in flight when the test sends it SIGTERM."""
+
+    delay = 0.0
+    seen = 0
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        type(self).seen += 1
+        time.sleep(self.delay)
+        out = {"results": [[{"docid": f"d{i}", "title": q, "text": "t", "score": 1.0}]
+                           for i, q in enumerate(body["queries"])]}
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(out).encode())
+        except OSError:  # the search server exited without waiting (the cut-off test)
+            pass
+
+    def do_GET(self):  # noqa: N802 - no /health: the client then reads no limits
+        self.send_error(404)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def slow_backend():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowBackend)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _SlowBackend.delay, _SlowBackend.seen = 0.0, 0
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _clients_in_a_loop(url: str, n: int, outcomes: list, stop: threading.Event) -> None:
+    """One keep-alive client sending searches one after another until the server refuses its connection; each
+    outcome is (sent, answered, status or exception name, body or message) in monotonic seconds."""
+    with httpx.Client(timeout=60) as client:
+        i = 0
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                r = client.post(url + "/search", json={"query": f"client {n} query {i}", "k": 1})
+                outcomes.append((sent, time.monotonic(), r.status_code, r.json()))
+            except httpx.ConnectError as exc:  # the listening socket is closed: new connections are refused
+                outcomes.append((sent, time.monotonic(), "refused", str(exc)))
+                return
+            except httpx.TransportError as exc:  # a reset, or a connection closed under a sent request
+                outcomes.append((sent, time.monotonic(), type(exc).__name__, str(exc)))
+            i += 1
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> tuple[int, float, str]:
+    """SIGTERM, as a service manager sends it; the exit status, the seconds to exit and the server's output."""
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait(30)
+    return rc, time.monotonic() - t0, proc.stdout.read()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_answers_the_requests_in_flight_and_resets_no_connection(slow_backend, workers):
+    """SIGTERM while 8 keep-alive clients search in a loop (each search takes the backend 0.4 s): every request the
+    server took is answered 200, a client's next connection is refused cleanly, no connection is reset, and the
+    server exits 0 within its grace period. It used to close kept-alive connections under requests already sent
+    (ReadError / RemoteProtocolError at the client) and to end killed by the signal; with ``--workers 2`` each
+    worker drains."""
+    _SlowBackend.delay = 0.4
+    proc, url = start_search_server(slow_backend, "--cache-size", "0", "--workers", str(workers), log_level="INFO",
+                                    timeout_s=120)  # the default grace period: 10 s
+    outcomes: list = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=_clients_in_a_loop, args=(url, n, outcomes, stop)) for n in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while _SlowBackend.seen < 3:  # the clients are in their loops, and the backend is answering a batch
+            assert time.monotonic() < deadline, "the clients' searches never reached the backend"
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        rc, took, output = _stop(proc, timeout=30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        if proc.poll() is None:
+            proc.kill()
+    kinds = [o[2] for o in outcomes]
+    assert set(kinds) <= {200, "refused"}, [o for o in outcomes if o[2] not in (200, "refused")]
+    assert kinds.count("refused") == 8  # each client ended on a refused new connection, none on a reset
+    assert all(o[3]["hits"][0]["title"].startswith("client ") for o in outcomes if o[2] == 200)
+    in_flight = [o for o in outcomes if o[2] == 200 and o[0] < signalled < o[1]]
+    assert in_flight, "no request was in flight at SIGTERM"
+    assert all(o[0] > signalled for o in outcomes if o[2] == "refused")
+    assert rc == 0, output
+    assert took < 10, output
+    assert "search server shutting down:" in output and " 0 cut off" in output, output
+    assert "Traceback" not in output, output
+
+
+def test_sigterm_cuts_off_what_the_grace_period_cannot_finish_with_a_json_503(slow_backend):
+    """The backend takes 20 s, the grace period is 1 s: the four requests in flight get 503
+    ``{"detail": "server shutting down"}`` when it ends, and the process exits 0 without waiting for the backend."""
+    _SlowBackend.delay = 20.0
+    proc, url = start_search_server(slow_backend, "--cache-size", "0", "--shutdown-grace-s", "1", log_level="INFO",
+                                    timeout_s=120)
+    answers: list = []
+
+    def ask(n: int) -> None:
+        try:
+            r = httpx.post(url + "/search", json={"query": f"slow {n}", "k": 1}, timeout=60)
+            answers.append((r.status_code, r.headers.get("content-type"), r.json()))
+        except httpx.TransportError as exc:
+            answers.append((type(exc).__name__, None, str(exc)))
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while _SlowBackend.seen < 1:
+            assert time.monotonic() < deadline, "the searches never reached the backend"
+            time.sleep(0.05)
+        time.sleep(0.3)  # the other three are queued behind the first batch
+        rc, took, output = _stop(proc, timeout=30)
+        for t in threads:
+            t.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert answers == [(503, "application/json", {"detail": "server shutting down"})] * 4, answers
+    assert rc == 0 and took < 1 + 8, (rc, took, output)
+    assert "4 request(s) were in flight, 0 finished, 4 cut off" in output, output

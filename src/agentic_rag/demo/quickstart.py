@@ -451,7 +451,11 @@ def check_settings(s: Settings) -> None:
     claim_dir(s.out, "quickstart", move_aside=s.move_aside)
     path = s.out / "settings.json"
     if path.exists():
-        theirs = json.loads(path.read_text())
+        try:
+            theirs = json.loads(path.read_text())
+        except (OSError, ValueError):
+            theirs = {"unreadable": True}  # damaged: it cannot vouch for the steps done, so it differs
+        theirs = theirs if isinstance(theirs, dict) else {"unreadable": True}
         diff = sorted(k for k in mine if theirs.get(k) != mine[k])
         if diff and s.move_aside:
             moved = aside_path(s.out)

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from ..data.questions import QARow, prompt_question, read_questions
-from ..rollout.trajectory import search_outcomes
 from ..errors import SearchFailuresError
 from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir
+from ..rollout.trajectory import search_outcomes
 from .config import EvalConfig, EvalConfigError, config_to_dict
 from .metrics import example_metrics, format_ok, summarize
 

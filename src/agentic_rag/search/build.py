@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import OutputError, input_file
+from ..errors import OutputError, UserError, input_dir, input_file
 from ..outputs import MARKER, check_apart, claim_dir, mark_dir, owner, replace_dir
 from .corpus import CorpusStats, Passage, iter_passages
 from .dense_index import DenseIndexSpec
@@ -353,6 +353,10 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
     """
     if not lucene and not faiss_dir:
         raise ValueError("nothing to link: pass --lucene DIR and/or --faiss DIR")
+    if lucene:
+        input_dir(lucene, "--lucene", what="Lucene index directory")
+    if faiss_dir and not Path(faiss_dir).exists():
+        raise UserError(f"--faiss {faiss_dir}: no such FAISS directory or file")
     if faiss_dir and not dense_encoder:
         raise ValueError("--faiss needs --dense-encoder: the encoder the FAISS index was built with")
     index_file = docid_file = None

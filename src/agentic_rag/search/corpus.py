@@ -204,7 +204,11 @@ class _Reader:
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
-                yield lineno, None, CorpusFormatError(self.path, lineno, f"invalid JSON: {exc.msg}")
+                hint = ""
+                if lineno == 1 and raw.lstrip().startswith(("[", "{")) and not raw.rstrip().endswith(("]", "}")):
+                    hint = ("; this format has one JSON object a line, and the file looks like one JSON document "
+                            "(a list, or a title -> sentences object): try --format auto")
+                yield lineno, None, CorpusFormatError(self.path, lineno, f"invalid JSON: {exc.msg}{hint}")
                 continue
             if not isinstance(obj, dict):
                 yield lineno, None, CorpusFormatError(self.path, lineno, "a record must be a JSON object")

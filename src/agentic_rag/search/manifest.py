@@ -101,10 +101,19 @@ class IndexManifest:
             if not index_dir.exists():
                 raise IndexMissingError(f"no index at {index_dir}: the directory does not exist.\n"
                                         + rebuild_hint(index_dir))
+            if not index_dir.is_dir():
+                raise IndexMissingError(f"{index_dir} is a file, not an index directory (agentic-rag index build "
+                                        f"--out DIR makes one)")
             looks_lucene = any(p.name.startswith("segments_") for p in index_dir.iterdir())
-            hint = (f"{index_dir} looks like a Lucene index built elsewhere; use it with: agentic-rag index "
-                    f"link --out NEW_DIR --lucene {index_dir}") if looks_lucene else rebuild_hint(index_dir)
-            raise IndexMissingError(f"no index manifest ({MANIFEST}) in {index_dir}.\n{hint}")
+            if looks_lucene:
+                hint = (f"{index_dir} looks like a Lucene index built elsewhere; use it with: agentic-rag index "
+                        f"link --out NEW_DIR --lucene {index_dir}")
+            elif any(index_dir.iterdir()):  # someone's folder: never suggest building over it
+                hint = ("build an index in a folder of its own: agentic-rag index build --corpus CORPUS.jsonl "
+                        "--out NEW_DIR --bm25")
+            else:
+                hint = rebuild_hint(index_dir)
+            raise IndexMissingError(f"no index manifest ({MANIFEST}) in {index_dir}: not an index directory.\n{hint}")
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:

@@ -21,6 +21,15 @@ answer (found by retrying each query of a failed batch alone) fails alone: ``/se
 reason; ``/batch_search`` answers 200 with ``[]`` for that query and an ``"errors"`` list (the reason at its
 position, ``null`` elsewhere), present only when some query failed. When every query fails, the backend is
 down: 500 with the reason. ``/health`` advertises the limits; the HTTP client caps ``k`` at ``max_k``.
+
+Strict inputs: a POST without a JSON content type is answered 415; ``k`` must be a JSON integer (``true``, ``5.0``
+and ``"5"`` are 422, not read as counts), the queries JSON strings, and a field the API does not have is 422 (a
+misspelt ``"K"`` is not silently replaced by the default).
+
+Shutdown (SIGTERM or SIGINT; :mod:`agentic_rag.graceful`): new connections are refused, the requests in flight are
+answered within ``shutdown_grace_s`` (default 10 s), each response closing its connection, and whatever is still
+waiting for the backend then gets 503 ``{"detail": "server shutting down"}``; the process exits 0. The backend runs
+on a daemon thread, so a search that hangs cannot hold the exit.
 """
 
 from __future__ import annotations
@@ -28,19 +37,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.supervisors import Multiprocess
 
+from ..graceful import Drain, DrainMiddleware, ShuttingDown, run, uvicorn_options
 from .types import MAX_QUERY_CHARS, Hit, PartialSearchError, QueryError, Searcher, isolate_failures
 
 log = logging.getLogger(__name__)
@@ -54,14 +67,41 @@ class ServerLimits:
     max_body_bytes: int = 4 << 20
 
 
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+
+
 class SearchRequest(BaseModel):
-    query: str
-    k: int = 10
+    model_config = ConfigDict(extra="forbid")
+    query: StrictStr
+    k: StrictInt = 10
 
 
 class BatchSearchRequest(BaseModel):
-    queries: list[str]
-    k: int = 10
+    model_config = ConfigDict(extra="forbid")
+    queries: list[StrictStr]
+    k: StrictInt = 10
+
+
+FIELDS = {"/search": "query and k", "/batch_search": "queries and k"}
+
+
+def _require_json(request: Request) -> None:
+    """415 for a body that does not say it is JSON (before pydantic would call a form body a bad object)."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+        raise HTTPException(status_code=415, detail=f"the body must be JSON: send Content-Type: application/json "
+                                                    f"(got {kind or 'no content type'!r})")
+
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value reads in an error message: ``boolean true``, ``string '5'``, ``number 5.0``."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    if isinstance(value, int | float):
+        return f"number {value!r}"
+    return "null" if value is None else type(value).__name__
 
 
 def _validate(queries: list[str], k: int, limits: ServerLimits, batch: bool = False) -> None:
@@ -96,13 +136,54 @@ class _Pending:
 Answer = tuple[list[list[Hit]], list[str | None]]  # hits per query ([] where it failed), reason or None
 
 
+class _SearchThread:
+    """One daemon thread that runs the batcher's ``batch_search`` calls in turn (the batcher awaits each before the
+    next). A daemon, unlike the event loop's default executor, whose threads the interpreter joins at exit: a
+    backend that hangs would hold a shutting-down server past its grace period."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Any, *args: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="search-batches", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            loop, future, fn, args = self._jobs.get()
+            try:
+                outcome, failed = fn(*args), False
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                outcome, failed = exc, True
+            try:
+                loop.call_soon_threadsafe(_settle, future, outcome, failed)
+            except RuntimeError:  # the loop is closed: the server has exited
+                pass
+
+
+def _settle(future: asyncio.Future, outcome: Any, failed: bool) -> None:
+    if future.done():
+        return
+    if failed:
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 @dataclass
 class _Batcher:
-    """Collects concurrent requests into one ``batch_search`` call on a worker thread."""
+    """Collects concurrent requests into one ``batch_search`` call on its own thread."""
 
     searcher: Searcher
     max_batch: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    thread: _SearchThread = field(default_factory=_SearchThread)
     batches: int = 0
     queries: int = 0
     query_errors: int = 0
@@ -113,20 +194,22 @@ class _Batcher:
         return await fut
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             first = await self.queue.get()
+            if first.future.done():  # its request was answered already (cut off by a shutdown, or gone)
+                continue
             group = [first]
             n = len(first.queries)
             while not self.queue.empty() and n < self.max_batch:
                 item = self.queue.get_nowait()
-                group.append(item)
-                n += len(item.queries)
+                if not item.future.done():
+                    group.append(item)
+                    n += len(item.queries)
             k = max(p.k for p in group)
             flat = [q for p in group for q in p.queries]
             errors: list[str | None] = [None] * len(flat)
             try:
-                results = await loop.run_in_executor(None, isolate_failures, self.searcher.batch_search, flat, k)
+                results = await self.thread.call(isolate_failures, self.searcher.batch_search, flat, k)
             except PartialSearchError as exc:  # some queries failed alone; the others are answered
                 results = [hits or [] for hits in exc.results]
                 errors = list(exc.errors)
@@ -195,22 +278,27 @@ class _BodyLimit:
         await response(scope, receive, send)
 
 
-def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
-               info: dict[str, Any] | None = None) -> FastAPI:
-    """The FastAPI application serving ``searcher``; ``info`` is added to ``/health``."""
+def create_app(searcher: Searcher, *, limits: ServerLimits | None = None, info: dict[str, Any] | None = None,
+               shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> FastAPI:
+    """The FastAPI application serving ``searcher``; ``info`` is added to ``/health``. A shutdown answers the
+    requests in flight within ``shutdown_grace_s`` (see the module docstring)."""
     limits = limits or ServerLimits()
     state: dict[str, Any] = {"started": time.time(), "requests": 0, "errors_4xx": 0}
     batcher = _Batcher(searcher, limits.max_batch)
+    drain = Drain(shutdown_grace_s, "search server")
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(batcher.run())
         try:
-            yield
+            yield {"drain": drain}  # the lifespan state: how the draining protocol finds it
         finally:
+            drain.finish()  # every request has been answered by now (uvicorn waits for them)
             task.cancel()
 
     app = FastAPI(title="agentic-rag search", lifespan=lifespan)
+    app.state.drain = drain
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes, state=state)
+    app.add_middleware(DrainMiddleware, drain=drain)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: HTTPException):
@@ -228,17 +316,23 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
                 continue
             where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
             msg = str(err.get("msg", "invalid"))
+            if err.get("type") in ("int_type", "string_type", "list_type"):  # strict: say what came instead
+                msg += f", got {_json_kind(err.get('input'))}"
+            elif err.get("type") == "extra_forbidden":
+                msg = f"not a field of this request (it takes {FIELDS.get(request.url.path, 'other fields')})"
             reasons.append(f"{where}: {msg}" if where else msg)
         return JSONResponse({"detail": "; ".join(reasons)}, status_code=422)
 
     async def answer(queries: list[str], k: int) -> Answer:
         try:
-            return await batcher.submit(queries, k)
+            return await drain.race(batcher.submit(queries, k))
+        except ShuttingDown:
+            raise HTTPException(status_code=503, detail="server shutting down") from None
         except Exception as exc:  # the backend failed on every query: 500 with the reason, not a bare page
             raise HTTPException(status_code=500,
                                 detail=f"the search backend failed: {type(exc).__name__}: {exc}") from exc
 
-    @app.post("/search")
+    @app.post("/search", dependencies=[Depends(_require_json)])
     async def search(req: SearchRequest) -> dict[str, Any]:
         _validate([req.query], req.k, limits)
         results, errors = await answer([req.query], req.k)
@@ -246,7 +340,7 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
             raise HTTPException(status_code=422, detail=f"query: {errors[0]}")
         return {"hits": [h.to_dict() for h in results[0]]}
 
-    @app.post("/batch_search")
+    @app.post("/batch_search", dependencies=[Depends(_require_json)])
     async def batch_search(req: BatchSearchRequest) -> dict[str, Any]:
         _validate(req.queries, req.k, limits, batch=True)
         results, errors = await answer(list(req.queries), req.k)
@@ -273,10 +367,13 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None,
 
 
 def serve(searcher: Searcher, host: str = "127.0.0.1", port: int = 8000, *, limits: ServerLimits | None = None,
-          info: dict[str, Any] | None = None, log_level: str = "warning") -> None:
-    """Serve until interrupted (uvicorn, one process: the searcher and its JVM are not forked)."""
-    app = create_app(searcher, limits=limits, info=info)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, workers=1, access_log=False)
+          info: dict[str, Any] | None = None, log_level: str = "warning",
+          shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully and return (uvicorn, one process: the searcher and
+    its JVM are not forked)."""
+    app = create_app(searcher, limits=limits, info=info, shutdown_grace_s=shutdown_grace_s)
+    run(uvicorn.Config(app, host=host, port=port, log_level=log_level, workers=1, access_log=False,
+                       **uvicorn_options(shutdown_grace_s)))
 
 
 WORKER_ENV = "AGENTIC_RAG_SEARCH_WORKER"
@@ -303,7 +400,7 @@ class TCPNoDelayConfig(uvicorn.Config):
 
 def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 8000, *, workers: int = 2,
                   limits: ServerLimits | None = None, info: dict[str, Any] | None = None,
-                  log_level: str = "warning") -> int:
+                  log_level: str = "warning", shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S) -> int:
     """Serve with ``workers`` processes on one listening socket until interrupted; returns the exit status.
 
     The socket is bound here (:class:`TCPNoDelayConfig`) and uvicorn's supervisor *spawns* (never forks) the
@@ -316,6 +413,10 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
 
     A worker that cannot open its searcher writes why to a file this process reads and exits at once with uvicorn's
     start-up failure code; the supervisor then stops, the reason is logged and the status is 1.
+
+    On SIGTERM or SIGINT the supervisor closes its copy of the listening socket (so new connections are refused
+    rather than left in the backlog of a socket no worker accepts from any more) and forwards SIGTERM to every
+    worker; each drains as :func:`serve` does, and the status is 0.
     """
     import json
     import tempfile
@@ -331,17 +432,17 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
     fd, failure_file = tempfile.mkstemp(prefix="agentic-rag-search-worker-", suffix=".txt")
     os.close(fd)
     config = {"options": options, "limits": asdict(limits or ServerLimits()), "info": {**(info or {}),
-              "workers": workers}, "workers": workers, "failure_file": failure_file}
+              "workers": workers}, "workers": workers, "failure_file": failure_file,
+              "shutdown_grace_s": shutdown_grace_s, "log_level": logging.getLevelName(logging.getLogger().level)}
     os.environ[WORKER_ENV] = json.dumps(config)
     try:
-        from uvicorn.supervisors import Multiprocess
-
         # what uvicorn.run does for workers > 1, with a listening socket whose accepted connections get TCP_NODELAY
         server_config = TCPNoDelayConfig(f"{__name__}:app_from_environment", factory=True, host=host, port=port,
                                          workers=workers, log_level=log_level, access_log=False,
-                                         timeout_worker_healthcheck=WORKER_STARTUP_S)
+                                         timeout_worker_healthcheck=WORKER_STARTUP_S,
+                                         **uvicorn_options(shutdown_grace_s))
         try:
-            Multiprocess(server_config, sockets=[server_config.bind_socket()]).run()
+            _Supervisor(server_config, sockets=[server_config.bind_socket()]).run()
         except KeyboardInterrupt:
             pass
         with open(failure_file, encoding="utf-8") as f:
@@ -355,12 +456,27 @@ def serve_workers(options: dict[str, Any], host: str = "127.0.0.1", port: int = 
     return 0
 
 
+class _Supervisor(Multiprocess):
+    """uvicorn's worker supervisor, closing its own copy of the listening socket before it forwards SIGTERM to the
+    workers: each worker closes its copy as its shutdown starts, and once none is open the kernel refuses new
+    connections instead of queueing them on a socket nobody accepts from (to be reset when the last copy closes).
+    (A class at module level, like :class:`TCPNoDelayConfig`.)"""
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
+
 def app_from_environment() -> FastAPI:
     """The application of one worker of :func:`serve_workers` (uvicorn calls this in each spawned process)."""
     import json
     import sys
 
     config = json.loads(os.environ[WORKER_ENV])
+    from ..logs import configure_logging
+
+    configure_logging(config.get("log_level") or "WARNING")  # a spawned worker starts with logging unconfigured
     threads = max(1, (os.cpu_count() or 1) // config["workers"])
     try:
         options = dict(config["options"])
@@ -385,7 +501,8 @@ def app_from_environment() -> FastAPI:
         # answering while it shuts down would hold the supervisor, and a user's Ctrl-C, that long
         sys.stderr.flush()
         os._exit(STARTUP_FAILURE)
-    return create_app(searcher, limits=ServerLimits(**config["limits"]), info=config["info"])
+    return create_app(searcher, limits=ServerLimits(**config["limits"]), info=config["info"],
+                      shutdown_grace_s=config.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S))
 
 
 def hits_from_json(rows: Sequence[dict[str, Any]]) -> list[Hit]:

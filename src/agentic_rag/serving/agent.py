@@ -4,6 +4,10 @@ the dialect, the prompt settings (system prompt, chat template) and the rollout 
 
 Tests and benchmarks pass ``processors`` (a forcing processor makes a tiny random model search and answer
 on cue) or a whole ``policy``; everything else is loaded exactly as in production.
+
+The engine searches through :class:`PublicSearchErrors`: a search that fails reaches the model's observation and the
+reply's events without the searcher's exception text (a search server's address, a backend's message), which is
+logged here instead.
 """
 
 from __future__ import annotations
@@ -17,10 +21,38 @@ from ..rollout.decoding import Processor, SamplingParams
 from ..rollout.engine import AgentRollout, RolloutLimits
 from ..rollout.policy import HFPolicy, Policy
 from ..rollout.protocol import Dialect, get_dialect
-from ..search.types import Searcher
+from ..search.types import Hit, PartialSearchError, Searcher, SearchError
 from .config import ServerConfig
 
 log = logging.getLogger(__name__)
+
+BACKEND_FAILED = "the search backend is unavailable"
+QUERY_FAILED = "the search could not answer this query"
+
+
+class PublicSearchErrors:
+    """A searcher whose failures carry no detail: the whole call fails with ``SearchError(BACKEND_FAILED)``, one
+    query of a batch with :data:`QUERY_FAILED`; what really happened is logged (WARNING) for the operator. The
+    chat server's model would otherwise read the exception text in its observation and could copy it into a reply,
+    and the reply's events would show it to the client."""
+
+    def __init__(self, searcher: Searcher):
+        self.searcher = searcher
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        return self.batch_search([query], k)[0]
+
+    def batch_search(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        try:
+            return self.searcher.batch_search(queries, k)
+        except PartialSearchError as exc:
+            failed = [(q, e) for q, e in zip(queries, exc.errors, strict=False) if e is not None]
+            log.warning("search failed for %d of %d queries: %s", len(failed), len(queries),
+                        "; ".join(f"{q[:80]!r}: {e}" for q, e in failed[:3]))
+            raise PartialSearchError(exc.results, [None if e is None else QUERY_FAILED for e in exc.errors]) from None
+        except Exception as exc:  # noqa: BLE001 - the detail goes to the log, the engine gets a generic error
+            log.warning("search failed: %s: %s", type(exc).__name__, exc)
+            raise SearchError(BACKEND_FAILED) from None
 
 
 @dataclass
@@ -72,5 +104,6 @@ class ChatAgent:
                    system=config.system_prompt or None, chat=config.chat, summary_mode=config.summary_mode)
 
     def engine(self) -> AgentRollout:
-        return AgentRollout(self.policy, self.tokenizer, self.searcher, self.dialect, self.limits,
+        searcher = None if self.searcher is None else PublicSearchErrors(self.searcher)
+        return AgentRollout(self.policy, self.tokenizer, searcher, self.dialect, self.limits,
                             summary_mode=self.summary_mode)

@@ -14,6 +14,14 @@ row in the batch.
 
 With ``api_token`` set every ``/v1`` route needs ``Authorization: Bearer <token>`` (compared in constant
 time); ``/health`` answers without it but then reports only status and load.
+
+Shutdown (SIGTERM or SIGINT, :mod:`agentic_rag.graceful`): new connections are refused; a request that arrives on
+an open connection gets 503 (code ``server_shutting_down``); the replies in flight get ``shutdown_grace_s`` to
+finish, and one still running then has its job cancelled and is answered with the same 503 error, or, for a stream
+that has begun, with an error chunk and ``data: [DONE]``. Every response says ``Connection: close`` meanwhile.
+
+What an engine failure shows the client is generic ("the agent failed"); the detail (a search server's address,
+an exception's text) goes to the server log only.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..graceful import Drain, DrainMiddleware, ShuttingDown
 from .agent import ChatAgent
 from .config import ServerConfig
 from .conversation import prompt_ids
@@ -72,17 +81,21 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
     token = config.api_token.encode()
     body_limit = max_body_bytes(config)
     started = time.time()
+    drain = Drain(config.shutdown_grace_s, "chat server")
 
     async def lifespan(app: FastAPI):
         scheduler.start()
         try:
-            yield
+            yield {"drain": drain}  # the lifespan state: how the draining protocol finds it
         finally:
+            drain.finish()  # every request has been answered by now (uvicorn waits for them)
             await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="agentic-rag chat", lifespan=lifespan)
     app.state.scheduler = scheduler
     app.state.agent = agent
+    app.state.drain = drain
+    app.add_middleware(DrainMiddleware, drain=drain)
 
     def authorised(request: Request) -> bool:
         if not token:
@@ -142,6 +155,9 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         require_auth(request)
+        if drain.draining:  # a reply would not be done before the process exits: let the client go elsewhere now
+            drain.refuse()
+            raise shutting_down()
         req = check_request(parse_request(await _read_json(request, body_limit)), config)
         try:
             ids = await asyncio.to_thread(prompt_ids, agent.tokenizer, req.messages, agent.dialect.name,
@@ -164,10 +180,16 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
                            headers={"Retry-After": str(exc.retry_after_s)}) from None
         reply = ReplyWriter(model_id, agent.tokenizer, agent.dialect, include_usage=req.include_usage)
         if req.stream:
-            return _JobStream(_stream(job, inbox, reply), job)
-        return await _wait(request, job, inbox, reply)
+            return _JobStream(_stream(job, inbox, reply, drain), job)
+        return await _wait(request, job, inbox, reply, drain)
 
     return app
+
+
+def shutting_down() -> APIError:
+    """The answer to a request the shutdown does not let run or finish: 503 in OpenAI's error shape."""
+    return APIError(503, "the server is shutting down; send the request again (to another server, or to this one "
+                         "once it is back)", code="server_shutting_down")
 
 
 async def _read_json(request: Request, limit: int) -> Any:
@@ -201,16 +223,21 @@ def _fit_context(n: int, req: ChatRequest, config: ServerConfig, context_length:
     return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
 
 
-async def _wait(request: Request, job: Job, inbox: asyncio.Queue, reply: ReplyWriter):
-    """A plain request: wait for the result, cancelling the job if the client goes away meanwhile."""
+async def _wait(request: Request, job: Job, inbox: asyncio.Queue, reply: ReplyWriter, drain: Drain):
+    """A plain request: wait for the result, cancelling the job if the client goes away meanwhile, or if a shutdown's
+    grace period ends first (then the answer is 503 ``server_shutting_down``)."""
     while True:
         try:
-            kind, payload = await asyncio.wait_for(inbox.get(), DISCONNECT_POLL_S)
+            kind, payload = await drain.race(asyncio.wait_for(inbox.get(), DISCONNECT_POLL_S))
             break
         except TimeoutError:
             if await request.is_disconnected():
                 job.cancel()
                 return JSONResponse(APIError(499, "client closed the request").body(), status_code=499)
+        except ShuttingDown:
+            job.cancel()
+            err = shutting_down()
+            return JSONResponse(err.body(), status_code=err.status)
     if kind == "error":
         err = _failure(job, payload)
         return JSONResponse(err.body(), status_code=err.status)
@@ -218,18 +245,27 @@ async def _wait(request: Request, job: Job, inbox: asyncio.Queue, reply: ReplyWr
 
 
 def _failure(job: Job, exc: Exception) -> APIError:
+    """The client's view of an engine failure: generic (the scheduler has logged the exception, which may name a
+    search server's address or hold a backend's message)."""
     if job.cancelled:
         return APIError(499, "client closed the request")
-    return APIError(500, f"the agent failed: {type(exc).__name__}: {str(exc)[:300]}")
+    return APIError(500, "the agent failed on this request (internal error; the server log has the details)",
+                    code="agent_failed")
 
 
-async def _stream(job: Job, inbox: asyncio.Queue, reply: ReplyWriter) -> AsyncIterator[bytes]:
+async def _stream(job: Job, inbox: asyncio.Queue, reply: ReplyWriter, drain: Drain) -> AsyncIterator[bytes]:
     """Server-sent events: the reply's chunks as the engine's output arrives (role first; reasoning and content
     deltas and agent events; the last chunk with finish_reason and the trace, optional usage), then ``[DONE]``.
-    An engine failure ends the stream with an error object."""
+    An engine failure, or a shutdown's grace period ending first, ends the stream with an error object and
+    ``[DONE]``."""
     yield sse(reply.opening())
     while not reply.finished:
-        items = [await inbox.get()]
+        try:
+            items = [await drain.race(inbox.get())]
+        except ShuttingDown:
+            job.cancel()
+            yield sse([shutting_down().body()])
+            break
         while not inbox.empty():
             items.append(inbox.get_nowait())
         out: list[dict[str, Any]] = []

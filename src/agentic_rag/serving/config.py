@@ -74,6 +74,10 @@ class ServerConfig:
     max_batch: int = _opt(8, "AGENTIC_RAG_CHAT_MAX_BATCH", "requests decoded together in one engine run")
     queue_size: int = _opt(32, "AGENTIC_RAG_CHAT_QUEUE_SIZE",
                            "requests waiting for the engine; one more gets 429 with Retry-After")
+    shutdown_grace_s: float = _opt(10.0, "AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S",
+                                   "on SIGTERM or SIGINT: stop accepting connections and give the replies in flight "
+                                   "this many seconds to finish; one still running then gets an error (503, or an "
+                                   "error chunk and [DONE] in a stream), and a request arriving meanwhile gets 503")
     # ---- per-request limits and defaults
     max_tokens: int = _opt(1024, "AGENTIC_RAG_CHAT_MAX_TOKENS",
                            "default max_tokens of a request: the whole agent completion (model tokens and "
@@ -167,6 +171,8 @@ class ServerConfig:
             out.append(f"--on-search-limit must be observe or end, got {self.on_search_limit!r}")
         if self.max_tokens > self.max_tokens_limit:
             out.append(f"--max-tokens ({self.max_tokens}) must not exceed --max-tokens-limit ({self.max_tokens_limit})")
+        if not 0 <= self.shutdown_grace_s < float("inf"):
+            out.append(f"--shutdown-grace-s must be a number of seconds >= 0, got {self.shutdown_grace_s}")
         if not 0 <= self.temperature <= 2:
             out.append(f"--temperature must be in [0, 2], got {self.temperature}")
         if not 0 < self.port < 65536:

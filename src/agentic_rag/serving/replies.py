@@ -22,6 +22,10 @@ What a reply carries (the same in both modes):
 Streaming sends the answer as ``delta.content`` and the rest of the model's text as
 ``delta.reasoning_content`` while they are generated; each event as it happens in a chunk with an empty delta
 and a top-level ``agent_event``; and a last chunk with ``finish_reason`` and the whole ``agent_trace``.
+
+A failed search shows the client ``{"type": "error", "kind": "search_failed", "message": "search failed", ...}``
+(:func:`public_event`): the engine's message may name the search server's address or quote a backend's exception,
+which are the operator's business (the server log has them), not the client's.
 """
 
 from __future__ import annotations
@@ -43,10 +47,21 @@ def openai_finish_reason(agent_reason: str) -> str:
     return "stop" if agent_reason in STOP_REASONS else "length"
 
 
+SEARCH_FAILED = "search failed"
+
+
+def public_event(event: dict[str, Any]) -> dict[str, Any]:
+    """An engine event as the client sees it: a failed search's message is the generic :data:`SEARCH_FAILED`."""
+    out = dict(event)
+    if out.get("type") == "error" and out.get("kind") == "search_failed":
+        out["message"] = SEARCH_FAILED
+    return out
+
+
 def agent_trace(t: Trajectory, reasoning: str) -> dict[str, Any]:
     return {"answer": t.answer, "finish_reason": t.finish_reason, "num_searches": t.num_searches,
             "num_turns": t.num_turns, "model_tokens": t.model_tokens, "observation_tokens": t.env_tokens,
-            "reasoning": reasoning, "events": [dict(e) for e in t.events]}
+            "reasoning": reasoning, "events": [public_event(e) for e in t.events]}
 
 
 def usage(t: Trajectory) -> dict[str, int]:
@@ -87,7 +102,7 @@ class ReplyWriter:
         if kind == "token":
             return self._deltas(self.text.token(payload))
         if kind == "event":  # the model's turn is over: what it wrote is shown before the event
-            return self._deltas(self.text.end_turn()) + [self.chunk(agent_event=payload)]
+            return self._deltas(self.text.end_turn()) + [self.chunk(agent_event=public_event(payload))]
         if kind == "done":
             out = self._deltas(self.text.finish(payload))
             out.append(self.chunk(finish_reason=openai_finish_reason(payload.finish_reason),

@@ -1,6 +1,8 @@
 """The OpenAI chat-completions request, its checks, and the errors the server answers with.
 
-A request body is parsed in two steps: pydantic checks the shape and the types (:class:`ChatCompletionRequest`),
+A request body is parsed in two steps: pydantic checks the shape and the types strictly (:class:`ChatCompletionRequest`:
+a count must be a JSON integer and a flag a JSON boolean; ``"5"``, ``true`` or ``5.0`` for ``max_tokens`` is refused
+naming what came, never read as a number),
 then :func:`check_request` checks the meaning against the server's limits (roles and their order, sizes,
 ranges, the model id) and returns a :class:`ChatRequest` with every default filled in. Every failure is an
 :class:`APIError` carrying the HTTP status and a reason, answered in OpenAI's error shape::
@@ -15,9 +17,9 @@ Retry-After) when the queue is full.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from .config import ServerConfig
 
@@ -57,9 +59,12 @@ class Message(BaseModel):
     content: str | list[ContentPart] | None = None
 
 
+StrictNumber = Annotated[float, Field(strict=True)]  # a JSON number (an integer too), not a string or a boolean
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(BaseModel):
@@ -69,16 +74,16 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
     messages: list[Message]
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictNumber | None = None
+    top_p: StrictNumber | None = None
+    n: StrictInt | None = None
     stop: str | list[str] | None = None
     tools: list[Any] | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,20 @@ class ChatRequest:
         return self.messages[-1]["content"]
 
 
+STRICT_TYPE_ERRORS = ("int_type", "bool_type", "float_type", "string_type")
+
+
+def json_kind(value: Any) -> str:
+    """How a JSON value reads in an error message: ``boolean true``, ``string '5'``, ``number 5.0``."""
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    if isinstance(value, int | float):
+        return f"number {value!r}"
+    return "null" if value is None else {"dict": "an object", "list": "an array"}.get(type(value).__name__, "a value")
+
+
 def parse_request(data: Any) -> ChatCompletionRequest:
     """Shape and types; a failure names every bad field."""
     if not isinstance(data, dict):
@@ -119,6 +138,8 @@ def parse_request(data: Any) -> ChatCompletionRequest:
             params.append(where)
             if err.get("type") == "missing":
                 reasons.append(f"{where} is required")
+            elif err.get("type") in STRICT_TYPE_ERRORS:
+                reasons.append(f"{where}: {err.get('msg', 'invalid')}, got {json_kind(err.get('input'))}")
             else:
                 reasons.append(f"{where}: {err.get('msg', 'invalid')}")
         raise bad_request("; ".join(dict.fromkeys(reasons)), params[0] if params else None) from None

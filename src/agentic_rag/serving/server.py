@@ -8,6 +8,10 @@ documents them). A setting set by neither comes from the adapter's ``agentic_rag
 settings it was trained with; one log line lists them), else from its default. The config is checked as a
 whole before anything is loaded, so a typo costs no model load. One process, one worker: the model and the
 search index (its JVM) live in this process.
+
+SIGTERM or SIGINT shuts it down gracefully (:mod:`agentic_rag.graceful`): new connections are refused, a request
+that arrives on an open connection gets 503, the replies in flight get ``--shutdown-grace-s`` to finish, and one
+still running then is answered with an OpenAI error (a stream: an error chunk, then ``data: [DONE]``); exit 0.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
+    from ..graceful import run, uvicorn_options
     from ..search.types import SearchError
     from .agent import ChatAgent
     from .app import create_app
@@ -71,6 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         else "NO AUTH, PUBLIC"
     logging.getLogger(__name__).info("serving %r on http://%s:%d (%s)", config.served_name, config.host,
                                      config.port, auth)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level.lower(), workers=1,
-                access_log=False, timeout_graceful_shutdown=10)
+    run(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level.lower(), workers=1,
+                       access_log=False, **uvicorn_options(config.shutdown_grace_s)))
     return 0
