@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentic_rag.config import ExperimentConfig, GuardsConfig, RewardSpec
+from agentic_rag.settings import to_dict
+from agentic_rag.training.algorithms import algorithm_args, algorithm_names
+from agentic_rag.training.config import ConfigError, ExperimentConfig, GuardsConfig, RewardSpec, config_from_dict
+from agentic_rag.training.dynamic_sampling import informative_groups, select_rows
 from agentic_rag.training.monitoring import CollapseGuard
 from agentic_rag.training.rewards import OverlongPenalty, make_reward
-from agentic_rag.training.trainer import ALGORITHMS, algorithm_args, informative_groups, select_rows
 from test_training import _current_logps, _loss_inputs, lora_state, make_trainer
 
 
@@ -26,7 +28,7 @@ def test_presets_carry_their_papers_defaults_and_overrides_win():
     sapo = algorithm_args("sapo")
     assert (sapo["loss_type"], sapo["sapo_temperature_pos"], sapo["sapo_temperature_neg"]) == ("sapo", 1.0, 1.05)
     assert algorithm_args("bnpo")["loss_type"] == "bnpo"
-    for name in ALGORITHMS:
+    for name in algorithm_names():
         args = algorithm_args(name)
         if name != "gspo":
             assert args["importance_sampling_level"] == "token" and args["epsilon"] == 0.2, name
@@ -34,27 +36,36 @@ def test_presets_carry_their_papers_defaults_and_overrides_win():
     assert algorithm_args("cispo", epsilon_high=2.0)["epsilon_high"] == 2.0
 
 
+def problems_of(cfg: ExperimentConfig) -> list[str]:
+    """The problems the config check finds in ``cfg`` (built in code), files aside."""
+    try:
+        config_from_dict(to_dict(cfg), env={}, check_files=False)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
 def test_the_config_knows_the_presets_and_refuses_what_cannot_work():
     for name in ("gspo", "cispo", "sapo", "bnpo"):
         cfg = ExperimentConfig()
         cfg.algorithm.name = name
-        assert not [p for p in cfg.validate(check_files=False, env={}) if p.startswith("algorithm")], name
+        assert not [p for p in problems_of(cfg) if p.startswith("algorithm")], name
     cfg = ExperimentConfig()
     cfg.algorithm.name, cfg.algorithm.dynamic_sampling = "reinforce_pp", True
-    assert any("dynamic_sampling does not apply to reinforce_pp" in p for p in cfg.validate(check_files=False, env={}))
+    assert any("dynamic_sampling does not apply to reinforce_pp" in p for p in problems_of(cfg))
     cfg = ExperimentConfig()
     cfg.algorithm.name, cfg.algorithm.num_generations, cfg.algorithm.per_device_train_batch_size = "dapo", 3, 4
     cfg.algorithm.gradient_accumulation_steps = 3  # 12 rollouts: groups fit, so no problem
-    assert not [p for p in cfg.validate(check_files=False, env={}) if "dynamic_sampling" in p]
+    assert not [p for p in problems_of(cfg) if "dynamic_sampling" in p]
     cfg.algorithm.gradient_accumulation_steps = 1  # 4 rollouts a process: a group of 3 straddles processes
     assert any("dynamic_sampling drops and refills whole groups" in p
-               for p in cfg.validate(check_files=False, env={}))
+               for p in problems_of(cfg))
     cfg = ExperimentConfig()
     cfg.algorithm.max_extra_rollouts = -1
     cfg.guards = GuardsConfig(min_searches=2.0, max_searches=1.0, action="halt", patience=0)
-    problems = cfg.validate(check_files=False, env={})
-    for needle in ("max_extra_rollouts must be an integer >= 0", "guards.action must be one of",
-                   "guards.patience must be a positive integer", "guards.min_searches (2.0) exceeds"):
+    problems = problems_of(cfg)
+    for needle in ("algorithm.max_extra_rollouts must be >= 0, got -1", "guards.action must be one of warn, stop; "
+                   "got 'halt'", "guards.patience must be >= 1, got 0", "guards.min_searches (2.0) exceeds"):
         assert any(needle in p for p in problems), (needle, problems)
 
 
@@ -257,7 +268,7 @@ def test_overlong_penalty_is_dapos_soft_punishment():
     assert (reward.max_tokens, reward.cache_tokens) == (500, 100)
     assert reward(None, None, [[1] * 399, [1] * 450, [1] * 500], [{}] * 3) == [0.0, -0.5, -1.0]
     cfg.rewards = [RewardSpec("f1"), RewardSpec("overlong", 1.0, {"max_tokens": 600, "cache_tokens": 0})]
-    problems = cfg.validate(check_files=False, env={})
+    problems = problems_of(cfg)
     assert any("exceeds rollout.max_completion_tokens" in p for p in problems)
     assert any("cache_tokens must be in 1..max_tokens" in p for p in problems)
     with pytest.raises(ValueError):

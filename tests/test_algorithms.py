@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from agentic_rag.training.trainer import kl_shaped_returns, whiten_over_tokens
+from agentic_rag.training.reinforce_pp import kl_shaped_returns, whiten_over_tokens
 from test_training import _current_logps, _loss_inputs, make_trainer
 
 # Two groups of two completions, four completion positions each. mask: the model's tokens (completion_mask *

@@ -21,9 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentic_rag.serving.config import ServerConfig, env_names, is_loopback
+from agentic_rag.serving.config import ServeConfig, config_for, env_names, is_loopback
 from agentic_rag.serving.forcing import ScriptedTurns, keyed_script
 from agentic_rag.serving.stream import AnswerSplitter, IncrementalDecoder, split_text
+from agentic_rag.settings import known_names
 from conftest import ROOT, free_port, tiny_qwen_config
 
 Q_HENRIETTE = "Who is Henriette Of France (1727–1752)'s maternal grandfather?"
@@ -82,6 +83,12 @@ def searcher(wiki_index):
     return open_searcher(wiki_index, "bm25")
 
 
+def dotted(settings: dict) -> list[str]:
+    """``{"max_batch": 4}`` -> ``["server.max_batch=4"]``: each setting's leaf name (its flag's) to its dotted one."""
+    names = {name.rsplit(".", 1)[1]: name for name in known_names(ServeConfig)}
+    return [f"{names[key]}={value}" for key, value in settings.items()]
+
+
 @contextlib.contextmanager
 def serve(model_dir, wiki_index, searcher=None, *, step_delay_s: float = 0.0, **overrides):
     """The chat server on a free 127.0.0.1 port in a thread; yields (base URL, app)."""
@@ -93,13 +100,12 @@ def serve(model_dir, wiki_index, searcher=None, *, step_delay_s: float = 0.0, **
 
     settings = {"model": str(model_dir), "index": str(wiki_index), "port": free_port(), "passages_per_search": 2,
                 "max_batch": 4, **overrides}
-    config = ServerConfig(**settings)
-    assert config.problems() == []
-    tok = load_tokenizer(config.model)
+    config = config_for(dotted(settings))  # checked as the command line's is (the model and the index included)
+    tok = load_tokenizer(config.model.model)
     agent = ChatAgent.load(config, processors=[ScriptedTurns(tok, keyed_script(SCRIPTS), step_delay_s=step_delay_s)],
                            tokenizer=tok, searcher=searcher)
     app = create_app(agent, config)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.server.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -107,7 +113,7 @@ def serve(model_dir, wiki_index, searcher=None, *, step_delay_s: float = 0.0, **
         assert thread.is_alive() and time.time() < deadline, "the chat server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{config.port}", app
+        yield f"http://127.0.0.1:{config.server.port}", app
     finally:
         server.should_exit = True
         thread.join(30)
@@ -283,6 +289,7 @@ def test_models_health_and_multi_turn_with_a_client_system_message(server):
     health = httpx.get(url + "/health").json()
     assert health["status"] == "ok" and health["model"] == "tiny-agent" and health["retriever"] == "bm25"
     assert health["adapter"] is None and health["search"].endswith("wiki") and health["active"] == 0
+    assert health["dialect"] == "agentic" and health["rollout"]["passages_per_search"] == 2
     assert health["scheduler"]["queue_size"] == 32 and health["scheduler"]["max_batch"] == 4
     messages = [{"role": "system", "content": "You are terse. CUSTOM-SYSTEM"},
                 {"role": "user", "content": "First question?"}, {"role": "assistant", "content": "First answer."},
@@ -508,11 +515,17 @@ def test_bearer_token_auth(model_dir, wiki_index, searcher):
 def test_no_token_means_loopback_only():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
-    model = "smollm2-135m-instruct"  # a model name that resolves offline (the packaged one)
-    public = ServerConfig(model=model, index="i", host="0.0.0.0")
-    assert any("refusing to bind '0.0.0.0' without an API token" in p for p in public.problems())
-    assert ServerConfig(model=model, index="i", host="0.0.0.0", api_token="t").problems() == []
-    assert ServerConfig(model=model, index="i", host="0.0.0.0", insecure_public=True).problems() == []
+    from agentic_rag.settings import SettingsError, load
+
+    def config(**server):  # the settings alone: the model and the index are not looked at here
+        return load(ServeConfig, data={"model": {"model": "m"}, "search": {"index": "i"}, "server": server},
+                    env={})[0]
+
+    with pytest.raises(SettingsError, match="refusing to bind '0.0.0.0' without an API token"):
+        config(host="0.0.0.0")
+    assert config(host="0.0.0.0", api_token="t").server.api_token == "t"
+    assert config(host="0.0.0.0", insecure_public=True).server.insecure_public is True
+    assert config(host="::1").server.host == "::1"
 
 
 def test_run_server_script_checks_the_whole_config_before_loading(tmp_path):
@@ -523,9 +536,11 @@ def test_run_server_script_checks_the_whole_config_before_loading(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "script" / "run_server.sh"), "--temperature", "3"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    for problem in ("--model (AGENTIC_RAG_CHAT_MODEL) is required", "exactly one of --index",
-                    "--max-batch must be >= 1", "--temperature must be in [0, 2]", "refusing to bind '0.0.0.0'"):
-        assert problem in r.stderr
+    for problem in ("--model (AGENTIC_RAG_CHAT_MODEL) is required", "--index (AGENTIC_RAG_CHAT_INDEX) is required",
+                    "server.max_batch must be >= 1, got 0 (from AGENTIC_RAG_CHAT_MAX_BATCH",
+                    "server.temperature must be <= 2, got 3", "refusing to bind '0.0.0.0'"):
+        assert problem in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
 
 
 # ------------------------------------------------------------------------------ queue, disconnect, slots
@@ -660,7 +675,7 @@ def test_chat_server_searches_through_a_search_server(model_dir, wiki_index, sea
     question = {"messages": [{"role": "user", "content": Q_HENRIETTE}]}
     local = sdk(server[0]).chat.completions.create(model="tiny-agent", **question)
     with search_server(wiki_index, tmp_path / "search.log") as search_url, \
-            serve(model_dir, wiki_index, index="", search_url=search_url, model_name="remote") as (url, app):
+            serve(model_dir, wiki_index, index=search_url, model_name="remote") as (url, app):
         assert isinstance(app.state.agent.searcher, HTTPSearcher)
         health = httpx.get(url + "/health").json()
         assert health["search"] == search_url and health["retriever"] is None
@@ -684,10 +699,12 @@ def test_the_chat_server_entry_point_starts_serves_and_stops(model_dir, wiki_ind
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     argv = [sys.executable, str(ROOT / "service" / "chat_server.py"), "--model", str(model_dir), "--index",
-            str(wiki_index), "--port", str(port), "--model-name", "smoke", "--max-tokens", "16"]
+            str(wiki_index), "--port", str(port), "--model-name", "smoke", "--max-completion-tokens", "16",
+            "--max-tokens-per-turn", "16"]
     with process(argv, url + "/health", log) as proc:
         health = httpx.get(url + "/health").json()
         assert health["model"] == "smoke" and health["search"] == str(wiki_index) and health["retriever"] == "bm25"
+        assert health["limits"]["max_tokens"] == 16 and health["rollout"]["max_completion_tokens"] == 16
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["smoke"]
         r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
             "model": "smoke", "messages": [{"role": "user", "content": "Hello?"}], "max_tokens": 6,
@@ -757,7 +774,8 @@ def test_sigterm_finishes_replies_in_grace_and_answers_the_rest_with_openai_erro
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "server.log"
     argv = [sys.executable, str(_entry_point()), "--model", str(model_dir), "--index", str(wiki_index), "--port",
-            str(port), "--model-name", "tiny", "--max-batch", "4", "--max-tokens-per-turn", "4096"]
+            str(port), "--model-name", "tiny", "--max-batch", "4", "--max-tokens-per-turn", "4096",
+            "--max-completion-tokens", "4096"]
     env = clean_env(AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S="8")
 
     def body(max_tokens: int, stream: bool = False) -> dict:
@@ -913,6 +931,7 @@ def test_one_reply_writer_makes_the_streamed_and_the_whole_reply(qwen_tokenizer,
     from agentic_rag.rollout import AgentRollout, RolloutHooks
     from agentic_rag.rollout.protocol import get_dialect
     from agentic_rag.rollout.scripted import ScriptedPolicy
+    from agentic_rag.rollout.settings import RolloutSettings
     from agentic_rag.serving.replies import ReplyWriter
 
     tok, dialect = qwen_tokenizer, get_dialect("agentic")
@@ -922,7 +941,7 @@ def test_one_reply_writer_makes_the_streamed_and_the_whole_reply(qwen_tokenizer,
     fed: list[list[tuple[str, object]]] = [[] for _ in questions]
     hooks = RolloutHooks(on_token=lambda i, token: fed[i].append(("token", token)),
                          on_event=lambda i, event: fed[i].append(("event", dict(event))))
-    with AgentRollout(ScriptedPolicy(tok, scripts), tok, searcher, dialect) as engine:
+    with AgentRollout(ScriptedPolicy(tok, scripts), tok, searcher, RolloutSettings(dialect=dialect.name)) as engine:
         trajs = engine.run([build_prompt(tok, q) for q in questions], questions, hooks)
     contents = []
     for items, t in zip(fed, trajs, strict=True):
@@ -951,18 +970,101 @@ def test_every_server_setting_is_documented_in_env_format():
     assert "AGENTIC_RAG_CHAT_URL" in documented
 
 
+def parsed(argv: list[str], env: dict[str, str]):
+    """The server's config from a command line and an environment, as ``agentic-rag serve`` resolves it (no
+    model or index looked at)."""
+    from agentic_rag.serving.config import build_parser, resolve
+
+    parser, dests = build_parser()
+    return resolve(parser.parse_args(argv), dests, env, check_files=False)[0]
+
+
 def test_config_from_env_and_flags():
-    import argparse
+    from agentic_rag.settings import SettingsError
 
     env = {"AGENTIC_RAG_CHAT_PORT": "9100", "AGENTIC_RAG_CHAT_INSECURE_PUBLIC": "yes",
            "AGENTIC_RAG_CHAT_MODEL": "/m"}
-    assert ServerConfig.from_env(env).port == 9100 and ServerConfig.from_env(env).insecure_public is True
-    parser = argparse.ArgumentParser()
-    ServerConfig.add_arguments(parser, env)
-    cfg = ServerConfig.from_args(parser.parse_args(["--port", "9200", "--max-batch", "2"]))
-    assert (cfg.port, cfg.max_batch, cfg.model, cfg.served_name) == (9200, 2, "/m", "m")
-    with pytest.raises(ValueError, match="AGENTIC_RAG_CHAT_PORT must be int"):
-        ServerConfig.from_env({"AGENTIC_RAG_CHAT_PORT": "eighty"})
-    assert ServerConfig.from_env({"AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S": "2.5"}).shutdown_grace_s == 2.5
-    assert "--shutdown-grace-s must be a number of seconds >= 0, got -1" in \
-        ServerConfig(model="m", index="i", shutdown_grace_s=-1).problems()
+    cfg = parsed([], env)
+    assert cfg.server.port == 9100 and cfg.server.insecure_public is True
+    cfg = parsed(["--port", "9200", "--max-batch", "2"], env)  # a flag wins over its environment variable
+    assert (cfg.server.port, cfg.server.max_batch, cfg.model.model, cfg.served_name) == (9200, 2, "/m", "m")
+    with pytest.raises(SettingsError, match=r"server.port must be an integer, got 'eighty' \(from "
+                                            r"AGENTIC_RAG_CHAT_PORT in the environment"):
+        parsed([], {"AGENTIC_RAG_CHAT_PORT": "eighty"})
+    assert parsed([], {"AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S": "2.5"}).server.shutdown_grace_s == 2.5
+    with pytest.raises(SettingsError, match="server.shutdown_grace_s must be >= 0, got -1"):
+        parsed(["--shutdown-grace-s", "-1"], {})
+    # the renamed settings under their new names: flags, environment variables, values
+    cfg = parsed(["--max-completion-tokens", "300", "--passages-per-search", "5", "--index", "http://127.0.0.1:8000",
+                  "--chat-template", "false", "--max-searches", "2"], {"AGENTIC_RAG_CHAT_MAX_TURNS": "6"})
+    assert (cfg.rollout.max_completion_tokens, cfg.rollout.passages_per_search, cfg.rollout.max_searches,
+            cfg.rollout.max_turns) == (300, 5, 2, 6)
+    assert cfg.search.index == "http://127.0.0.1:8000" and cfg.prompt.chat_template is False
+    assert parsed(["--chat-template", "true"], {}).prompt.chat_template is True
+    assert parsed(["--chat-template", "null"], {}).prompt.chat_template is None
+    cfg = parsed([], {"AGENTIC_RAG_CHAT_PASSAGES_PER_SEARCH": "4", "AGENTIC_RAG_CHAT_MAX_COMPLETION_TOKENS": "64",
+                      "AGENTIC_RAG_CHAT_MAX_TOKENS_PER_TURN": "32"})
+    assert (cfg.rollout.passages_per_search, cfg.rollout.max_completion_tokens) == (4, 64)
+    with pytest.raises(SettingsError, match="prompt.chat_template must be true or false or null, got 'auto'"):
+        parsed(["--chat-template", "auto"], {})
+
+
+def test_old_settings_names_are_refused_with_the_new_name(capsys):
+    """A variable or flag of earlier versions is never silently ignored: it is refused, naming what replaced it."""
+    from agentic_rag.settings import SettingsError
+
+    with pytest.raises(SettingsError) as err:
+        parsed([], {"AGENTIC_RAG_CHAT_MAX_TOKENS": "5"})
+    assert "AGENTIC_RAG_CHAT_MAX_TOKENS is no longer read: use AGENTIC_RAG_CHAT_MAX_COMPLETION_TOKENS" in \
+        str(err.value)
+    with pytest.raises(SettingsError) as err:
+        parsed([], {"AGENTIC_RAG_CHAT_PASSAGES": "2", "AGENTIC_RAG_CHAT_SEARCH_URL": "http://127.0.0.1:8000",
+                    "AGENTIC_RAG_CHAT_MAX_SERCHES": "2", "AGENTIC_RAG_CHAT_PORT": "0"})
+    text = str(err.value)
+    assert "AGENTIC_RAG_CHAT_PASSAGES is no longer read: use AGENTIC_RAG_CHAT_PASSAGES_PER_SEARCH" in text
+    assert "AGENTIC_RAG_CHAT_SEARCH_URL is no longer read: use AGENTIC_RAG_CHAT_INDEX" in text
+    assert "AGENTIC_RAG_CHAT_MAX_SERCHES is not a setting of the chat server; did you mean " \
+        "AGENTIC_RAG_CHAT_MAX_SEARCHES?" in text
+    assert "server.port must be >= 1, got 0" in text  # reported with the others, all at once
+    # set but empty sets nothing (a .env template's blank line): neither read nor refused
+    assert parsed([], {"AGENTIC_RAG_CHAT_MAX_TOKENS": ""}).rollout.max_completion_tokens == 1024
+    # the old flags are gone: argparse refuses them (--max-tokens is now ambiguous, --search-url unknown)
+    for argv, said in ((["--max-tokens", "16"], "ambiguous option: --max-tokens"),
+                       (["--search-url", "http://127.0.0.1:8000"], "unrecognized arguments: --search-url")):
+        with pytest.raises(SystemExit) as exit_:
+            parsed(argv, {})
+        assert exit_.value.code == 2
+        assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["agentic-rag serve", "service/chat_server.py"])
+def test_describe_prints_every_setting_without_loading_a_model(how):
+    """``--describe`` prints every setting as resolved, one per line (``dotted.name  value  help``), and exits:
+    no model is loaded (the one named does not even exist), and the API token shows as "(set)", never itself."""
+    secret = "s3cret-describe-token"
+    argv = ([sys.executable, "-m", "agentic_rag.cli", "serve"] if how == "agentic-rag serve"
+            else [sys.executable, str(_entry_point())])
+    r = subprocess.run([*argv, "--describe", "--model", "/no/model", "--index", "/no/index",
+                        "--max-searches", "2", "--port", "9123"], capture_output=True, text=True, timeout=120,
+                       env=clean_env(AGENTIC_RAG_CHAT_API_TOKEN=secret, AGENTIC_RAG_CHAT_MAX_TURNS="6"))
+    assert r.returncode == 0, r.stderr
+    assert secret not in r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    names = known_names(ServeConfig)
+    assert len(lines) == len(names)
+    rows = {}
+    for name, line in zip(names, lines, strict=True):
+        assert line.startswith(name + " "), (name, line)
+        value, _, help_text = line[len(name):].strip().partition("  ")
+        assert help_text.strip(), line  # every setting with its help
+        rows[name] = (value.strip(), help_text)
+    assert rows["server.api_token"][0] == "'(set)'"
+    assert rows["rollout.max_searches"][0] == "2" and "--set rollout.max_searches" in rows["rollout.max_searches"][1]
+    assert rows["rollout.max_turns"][0] == "6" and "AGENTIC_RAG_CHAT_MAX_TURNS" in rows["rollout.max_turns"][1]
+    assert rows["server.port"][0] == "9123" and rows["rollout.passages_per_search"][0] == "3"
+    assert rows["model.model"][0] == "'/no/model'" and rows["search.index"][0] == "'/no/index'"
+    assert "loaded model" not in r.stderr and "Traceback" not in r.stderr
+    # without a token it shows empty
+    r = subprocess.run([*argv, "--describe"], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    assert next(line for line in r.stdout.splitlines() if line.startswith("server.api_token ")).split()[1] == "''"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentic_rag.training import trainer as trainer_module
-from agentic_rag.training.trainer import COMPLETE_MARKER, latest_complete_checkpoint, rotate_checkpoints
+from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint, rotate_checkpoints
 from test_launch import config
 
 
@@ -51,7 +51,7 @@ def test_a_kill_between_save_and_marker_keeps_the_last_complete_checkpoint(tmp_p
                                                                             monkeypatch):
     """save_total_limit 1: the kill comes after checkpoint-2 is written, before its marker. Transformers' own
     rotation would already have deleted checkpoint-1 then, leaving nothing to resume from."""
-    from agentic_rag.config import load_config
+    from agentic_rag.training.config import load_config
     from agentic_rag.training.train import run
 
     cfg_path = config(tmp_path, tiny_model_dir, world_dir, algorithm__max_steps=3,

@@ -7,7 +7,8 @@ import logging
 import pytest
 import yaml
 
-from agentic_rag.config import ConfigError, config_from_dict, describe, load_config
+from agentic_rag.settings import describe
+from agentic_rag.training.config import ConfigError, ExperimentConfig, config_from_dict, load_config
 
 
 @pytest.fixture()
@@ -32,13 +33,13 @@ def problems_of(data, env=None) -> list[str]:
 
 
 def test_unknown_keys_and_wrong_types_are_all_reported(good):
-    data = {**good, "algoritm": {}, "rollout": {"max_turns": "five", "temperatur": 0.7},
+    data = {**good, "algoritm": {}, "rollout": {"max_turns": "five"}, "sampling": {"temperatur": 0.7},
             "algorithm": {"num_generations": 2.5}, "rewards": "f1"}
     found = problems_of(data)
     assert "algoritm is not a setting; did you mean 'algorithm'?" in found
-    assert "rollout.temperatur is not a setting; did you mean 'temperature'?" in found
-    assert "rollout.max_turns must be int, got 'five'" in found
-    assert any(p.startswith("algorithm.num_generations must be int") for p in found)
+    assert "sampling.temperatur is not a setting; did you mean 'temperature'?" in found
+    assert "rollout.max_turns must be an integer, got 'five'" in found
+    assert "algorithm.num_generations must be an integer, got 2.5" in found
     assert "rewards must be a list, got str" in found
     assert len(found) == 5
 
@@ -48,33 +49,36 @@ EVERY_RULE = [
     ({"model": {"quantization": "nf8"}},
      "model.quantization must be one of none, nf4; got 'nf8' (did you mean 'nf4'?)"),
     ({"model": {"dtype": "fp16"}}, "model.dtype must be one of auto, bfloat16, float16, float32; got 'fp16'"),
-    ({"model": {"lora_r": 0}}, "model.lora_r must be a positive integer, got 0"),
+    ({"model": {"lora_r": 0}}, "model.lora_r must be >= 1, got 0"),
     ({"model": {"lora_dropout": 1.5}}, "model.lora_dropout must be in [0, 1), got 1.5"),
     ({"data": {"train_file": "/nope.jsonl"}}, "data.train_file: no such file /nope.jsonl"),
-    ({"data": {"language": "fr"}}, "data.language must be one of en, zh; got 'fr'"),
+    ({"prompt": {"language": "fr"}}, "prompt.language must be one of en, zh; got 'fr'"),
     ({"search": {"index": ""}}, "search.index is empty"),
     ({"search": {"index": "/no/index"}}, "search.index: no index at /no/index (build one: agentic-rag index build"),
     ({"search": {"retriever": "splade"}}, "search.retriever must be one of bm25, dense, hybrid; got 'splade'"),
     ({"rollout": {"dialect": "search_r1"}}, "rollout.dialect must be one of agentic, search-r1, r1-searcher; "
                                            "got 'search_r1' (did you mean 'search-r1'?)"),
     ({"rollout": {"max_tokens_per_turn": 2048}}, "rollout.max_tokens_per_turn (2048) exceeds rollout.max_completion_"),
-    ({"rollout": {"temperature": 0}}, "rollout.temperature must be > 0, got 0.0"),
+    ({"sampling": {"temperature": 0}}, "sampling.temperature must be > 0 (GRPO samples its rollouts), got 0.0"),
     ({"rollout": {"max_observation_tokens": 8}}, "rollout.max_observation_tokens must be >= 16, got 8"),
     ({"algorithm": {"name": "ppo"}},
      "algorithm.name must be one of grpo, dr_grpo, dapo, gspo, cispo, sapo, bnpo, reinforce_pp, "
      "reinforce_pp_baseline; got 'ppo'"),
-    ({"rollout": {"top_k": -1}}, "rollout.top_k must be >= 0 (0 = off), got -1"),
-    ({"rollout": {"repetition_penalty": 0}}, "rollout.repetition_penalty must be > 0 (1 = off), got 0.0"),
+    ({"sampling": {"top_k": -1}}, "sampling.top_k must be >= 0, got -1"),
+    ({"sampling": {"repetition_penalty": 0}}, "sampling.repetition_penalty must be > 0, got 0.0"),
     ({"algorithm": {"num_generations": 1}}, "algorithm.num_generations must be >= 2"),
     ({"algorithm": {"num_generations": 3, "per_device_train_batch_size": 4}},
      "must be a multiple of algorithm.num_generations (3)"),
-    ({"algorithm": {"beta": -1.0}}, "algorithm.beta must be >= 0, got -1.0"),
+    ({"algorithm": {"beta": -1.0}}, "algorithm.beta must be >= 0, got -1"),
     ({"rewards": []}, "rewards is empty"),
-    ({"rewards": [{"name": "bleu"}]}, "rewards[0].name must be one of exact_match, f1, cover_em"),
-    ({"rewards": [{"name": "judge"}]}, "rewards[0] is the LLM judge but judge.base_url is empty"),
+    ({"rewards": [{"name": "bleu"}]}, "rewards[0].name is unknown reward 'bleu'; known rewards: em, f1, cover_em, "
+                                       "cover_em_tokens, judge, choice, format"),
+    ({"rewards": [{"name": "exact_match"}]}, "rewards[0].name is unknown reward 'exact_match' ('exact_match' was "
+                                             "renamed 'em'); known rewards: em, f1"),
+    ({"rewards": [{"name": "judge"}]}, "rewards lists the LLM judge but judge.base_url is empty"),
     ({"judge": {"base_url": "http://x/v1"}}, "judge.model is empty while judge.base_url is set"),
     ({"logging": {"swanlab_mode": "cloud"}}, "logging.swanlab_mode is cloud but SWANLAB_API_KEY is not set"),
-    ({"checkpoint": {"save_steps": 0}}, "checkpoint.save_steps must be a positive integer, got 0"),
+    ({"checkpoint": {"save_steps": 0}}, "checkpoint.save_steps must be >= 1, got 0"),
     ({"model": {"attn_implementation": "flash"}},
      "model.attn_implementation must be one of sdpa, eager, flash_attention_2; got 'flash'"),
     ({"model": {"lora_target_modules": []}}, "model.lora_target_modules must name modules (e.g. [q_proj, v_proj]) "
@@ -84,30 +88,29 @@ EVERY_RULE = [
     ({"model": {"adapter": "/no/adapter"}}, "model.adapter: no LoRA adapter at /no/adapter (a peft directory with "
                                             "adapter_config.json"),
     ({"rollout": {"summary_mode": "drop"}}, "rollout.summary_mode must be one of replace, keep; got 'drop'"),
-    ({"rollout": {"top_p": 1.5}}, "rollout.top_p must be in (0, 1], got 1.5"),
+    ({"sampling": {"top_p": 1.5}}, "sampling.top_p must be in (0, 1], got 1.5"),
     ({"rollout": {"max_searches": -1}}, "rollout.max_searches must be >= 0, got -1"),
     ({"algorithm": {"learning_rate": 0}}, "algorithm.learning_rate must be > 0, got 0.0"),
-    ({"algorithm": {"max_steps": 0}}, "algorithm.max_steps must be a positive integer, got 0"),
-    ({"algorithm": {"num_iterations": 0}}, "algorithm.num_iterations must be a positive integer, got 0"),
+    ({"algorithm": {"max_steps": 0}}, "algorithm.max_steps must be >= 1, got 0"),
+    ({"algorithm": {"num_iterations": 0}}, "algorithm.num_iterations must be >= 1, got 0"),
     ({"algorithm": {"gradient_accumulation_steps": 0}},
-     "algorithm.gradient_accumulation_steps must be a positive integer, got 0"),
+     "algorithm.gradient_accumulation_steps must be >= 1, got 0"),
     ({"algorithm": {"per_device_train_batch_size": 0}},
-     "algorithm.per_device_train_batch_size must be a positive integer, got 0"),
-    ({"algorithm": {"warmup_ratio": 1.0}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1), "
-                                           "got 1.0"),
-    ({"algorithm": {"lr_scheduler": "step"}}, "algorithm.lr_scheduler must be one of linear, cosine, constant, "
+     "algorithm.per_device_train_batch_size must be >= 1, got 0"),
+    ({"algorithm": {"warmup_ratio": 1.0}}, "algorithm.warmup_ratio must be in [0, 1), got 1.0"),
+    ({"algorithm": {"lr_scheduler": "step"}}, "algorithm.lr_scheduler must be one of linear, cosine, constant; "
                                                "got 'step'"),
-    ({"algorithm": {"warmup_ratio": -0.1}}, "algorithm.warmup_ratio is a fraction of max_steps and must be in [0, 1)"),
-    ({"algorithm": {"epsilon": 0}}, "algorithm.epsilon (the clip range below 1) must be in (0, 1), got 0.0"),
-    ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high (the clip range above 1) must be > 0, or unset"),
-    ({"algorithm": {"max_grad_norm": -1}}, "algorithm.max_grad_norm must be >= 0 (0 = no clipping), got -1.0"),
+    ({"algorithm": {"warmup_ratio": -0.1}}, "algorithm.warmup_ratio must be in [0, 1), got -0.1"),
+    ({"algorithm": {"epsilon": 0}}, "algorithm.epsilon must be in (0, 1), got 0.0"),
+    ({"algorithm": {"epsilon_high": 0}}, "algorithm.epsilon_high must be > 0, got 0.0"),
+    ({"algorithm": {"max_grad_norm": -1}}, "algorithm.max_grad_norm must be >= 0, got -1"),
     ({"algorithm": {"scale_rewards": "grup"}},
      "algorithm.scale_rewards must be one of group, batch, none; got 'grup' (did you mean 'group'?)"),
     ({"algorithm": {"name": "reinforce_pp", "scale_rewards": "none"}},
      "algorithm.scale_rewards does not apply to reinforce_pp"),
     ({"data": {"train_file": ""}}, "data.train_file is empty: point it at a question file"),
     ({"judge": {"fallback": "judge"}},
-     "judge.fallback must be one of exact_match, f1, cover_em, cover_em_tokens; got 'judge'"),
+     "judge.fallback must be one of em, f1, cover_em, cover_em_tokens; got 'judge'"),
     ({"logging": {"swanlab_mode": "online"}},
      "logging.swanlab_mode must be one of auto, offline, cloud, local, disabled; got 'online'"),
     ({"model": "Qwen/Qwen2.5-7B"}, "model must be a mapping of settings (key: value lines), got str"),
@@ -128,7 +131,7 @@ EVERY_RULE = [
     ({"rewards": [{"name": "ragas", "params": {"fallback": "faithfulness"}}]},
      "rewards[0].params.fallback must be one of id_recall, id_precision; got 'faithfulness'"),
     ({"curriculum": {"enabled": True, "stage": 3}},
-     "curriculum.stage must be 1 or 2 (or unset to switch at curriculum.stage2_step), got 3"),
+     "curriculum.stage must be 1 or 2, got 3"),
     ({"curriculum": {"stage": 2}}, "curriculum.stage is set but curriculum.enabled is false: enable the curriculum"),
     ({"curriculum": {"enabled": True, "stage2_step": -1}}, "curriculum.stage2_step must be >= 0, got -1"),
     ({"curriculum": {"enabled": True, "format_penalty": 2.0}},
@@ -159,13 +162,13 @@ def test_type_errors_and_rule_problems_come_together(good):
     """A typo in one place does not hide a broken rule elsewhere; an unusable value is reported once."""
     data = {**good, "model": {**good["model"], "lora_r": "sixteen"}, "algoritm": {},
             "rollout": {"max_tokens_per_turn": 2048}, "rewards": [{"name": "ragas", "params": {"metric": "bleu"}}],
-            "data": {"train_file": 5}}
+            "data": {"train_file": True}}
     found = problems_of(data)
-    assert "model.lora_r must be int, got 'sixteen'" in found
+    assert "model.lora_r must be an integer, got 'sixteen'" in found
     assert "algoritm is not a setting; did you mean 'algorithm'?" in found
     assert any(p.startswith("rollout.max_tokens_per_turn (2048) exceeds") for p in found)
     assert any(p.startswith("rewards[0].params.metric must be one of id_recall") for p in found)
-    assert "data.train_file must be str, got 5" in found
+    assert "data.train_file must be text, got True" in found
     assert not any(p.startswith("data.train_file is empty") for p in found), found  # not reported twice
     assert len(found) == 5, found
     # a file that is not a mapping at all says only that
@@ -177,30 +180,30 @@ def test_environment_and_set_problems_name_their_source(good, tmp_path):
     assert found == ["logging.swanlab_mode must be one of auto, offline, cloud, local, disabled; got 'clod' "
                      "(did you mean 'cloud'?) (from SWANLAB_MODE in the environment or .env)"]
     with pytest.raises(ConfigError) as info:
-        config_from_dict(good, env={}, overrides={"algorithm.max_steps": "many", "rollout.top_p": "2"})
+        config_from_dict(good, env={}, overrides={"algorithm.max_steps": "many", "sampling.top_p": "2"})
     assert info.value.problems == [
-        "--set algorithm.max_steps=many gives an invalid value: algorithm.max_steps must be int, got 'many'",
-        "rollout.top_p must be in (0, 1], got 2.0 (from --set rollout.top_p)"]
+        "algorithm.max_steps must be an integer, got 'many' (from --set algorithm.max_steps)",
+        "sampling.top_p must be in (0, 1], got 2.0 (from --set sampling.top_p)"]
     # sections and the reward list are built like the file's, never stored as raw YAML
     cfg = config_from_dict(good, env={}, overrides={"rewards": "[{name: cover_em, weight: 2}]"})
     assert cfg.rewards[0].name == "cover_em" and cfg.rewards[0].weight == 2.0
-    with pytest.raises(ConfigError, match=r"--set rewards=\[\{nme: f1\}\] gives an invalid value: rewards\[0\]"
-                                          r"\.nme is not a setting; did you mean 'name'\?"):
+    with pytest.raises(ConfigError) as info:
         config_from_dict(good, env={}, overrides={"rewards": "[{nme: f1}]"})
+    assert "rewards[0].nme is not a setting; did you mean 'name'? (from --set rewards)" in info.value.problems
     # an optional text setting is unset by null (back to its default), a required one keeps the text
     data = {**good, "algorithm": {**good.get("algorithm", {}), "scale_rewards": "none"}}
-    cfg = config_from_dict(data, env={}, overrides={"algorithm.scale_rewards": "null", "data.system_prompt": "~"})
-    assert cfg.algorithm.scale_rewards is None and cfg.data.system_prompt == "~"
+    cfg = config_from_dict(data, env={}, overrides={"algorithm.scale_rewards": "null", "prompt.system_prompt": "~"})
+    assert cfg.algorithm.scale_rewards is None and cfg.prompt.system_prompt == "~"
 
 
 def test_command_line_and_file_problems_name_the_fix(good, tmp_path, capsys):
-    from agentic_rag.training.train import main, parse_overrides
+    from agentic_rag.training.train import main
 
-    with pytest.raises(ConfigError) as info:
-        parse_overrides(["algorithm.max_steps"])
-    assert info.value.problems == ["--set expects KEY=VALUE, got 'algorithm.max_steps'"]
-    assert parse_overrides(["rollout.top_p=0.9", "data.system_prompt=a=b"]) == {"rollout.top_p": "0.9",
-                                                                               "data.system_prompt": "a=b"}
+    with pytest.raises(ConfigError) as info:  # --set values reach the config as a list of NAME=VALUE
+        config_from_dict(good, env={}, overrides=["algorithm.max_steps"])
+    assert info.value.problems == ["--set 'algorithm.max_steps': expected NAME=VALUE, e.g. rollout.max_searches=2"]
+    cfg = config_from_dict(good, env={}, overrides=["sampling.top_p=0.9", "prompt.system_prompt=a=b"])
+    assert (cfg.sampling.top_p, cfg.prompt.system_prompt) == (0.9, "a=b")
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "missing.yaml")
     assert info.value.problems == [f"no such config file: {tmp_path / 'missing.yaml'} (the shipped ones are "
@@ -227,9 +230,9 @@ def test_environment_overrides_and_set(good, tmp_path, world_dir):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path, env={"MODEL_PATH": good["model"]["name_or_path"], "SWANLAB_MODE": "disabled"},
-                      overrides={"algorithm.max_steps": "7", "rollout.top_p": "0.9"})
+                      overrides={"algorithm.max_steps": "7", "sampling.top_p": "0.9"})
     assert cfg.model.name_or_path == good["model"]["name_or_path"]
-    assert cfg.logging.swanlab_mode == "disabled" and cfg.algorithm.max_steps == 7 and cfg.rollout.top_p == 0.9
+    assert cfg.logging.swanlab_mode == "disabled" and cfg.algorithm.max_steps == 7 and cfg.sampling.top_p == 0.9
     assert cfg.logging.run_name == "c"
     with pytest.raises(ConfigError, match="no such setting"):
         load_config(path, env={"MODEL_PATH": "x"}, overrides={"algorithm.nope": "1"})
@@ -262,9 +265,9 @@ def test_train_check_reports_before_loading_anything(good, tmp_path, capsys):
 
 
 def test_every_setting_has_help():
-    rows = describe()
+    rows = describe(ExperimentConfig())  # "dotted  value  help": a row without help ends in the padding
     assert len(rows) > 50
-    missing = [name for name, _, help_ in rows if not help_]
+    missing = [row.split()[0] for row in rows if row.endswith(" ")]
     assert not missing, missing
 
 
@@ -280,9 +283,9 @@ def test_shipped_training_configs_are_valid(tmp_path):
 
 # ------------------------------------------------------------------ sampling that the loss does not describe
 
-OFF_POLICY = [({"top_p": 0.9}, "rollout.top_p=0.9", "rollout.top_p: 1.0"),
-              ({"top_k": 50}, "rollout.top_k=50", "rollout.top_k: 0"),
-              ({"repetition_penalty": 1.1}, "rollout.repetition_penalty=1.1", "rollout.repetition_penalty: 1.0")]
+OFF_POLICY = [({"top_p": 0.9}, "sampling.top_p=0.9", "sampling.top_p: 1.0"),
+              ({"top_k": 50}, "sampling.top_k=50", "sampling.top_k: 0"),
+              ({"repetition_penalty": 1.1}, "sampling.repetition_penalty=1.1", "sampling.repetition_penalty: 1.0")]
 
 
 def _warnings(caplog) -> list[str]:
@@ -292,12 +295,12 @@ def _warnings(caplog) -> list[str]:
 @pytest.mark.parametrize("setting, named, fix", OFF_POLICY)
 def test_off_policy_sampling_warns_once_with_the_consequence_and_the_fix(good, caplog, setting, named, fix):
     with caplog.at_level(logging.WARNING):
-        cfg = config_from_dict({**good, "rollout": setting}, env={})
+        cfg = config_from_dict({**good, "sampling": setting}, env={})
     found = _warnings(caplog)
     assert len(found) == 1, found
     assert named in found[0] and "importance ratio" in found[0] and "biased" in found[0] and fix in found[0]
     key, value = next(iter(setting.items()))
-    assert getattr(cfg.rollout, key) == value
+    assert getattr(cfg.sampling, key) == value
 
 
 def test_default_sampling_warns_nothing_and_only_the_main_process_warns(good, caplog):
@@ -305,9 +308,9 @@ def test_default_sampling_warns_nothing_and_only_the_main_process_warns(good, ca
         config_from_dict(good, env={})
         assert _warnings(caplog) == []
         # under accelerate every process reads the config: one warning per run, from rank 0
-        config_from_dict({**good, "rollout": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "1"})
+        config_from_dict({**good, "sampling": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "1"})
         assert _warnings(caplog) == []
-        config_from_dict({**good, "rollout": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "0"})
+        config_from_dict({**good, "sampling": {"top_p": 0.9, "top_k": 20}}, env={"RANK": "0"})
         assert len(_warnings(caplog)) == 2
 
 
@@ -318,7 +321,7 @@ def test_the_repetition_penalty_is_explained_once_per_run_not_again_by_every_rol
     model, tok = load_causal_lm(str(tiny_model_dir), device="cpu"), load_tokenizer(str(tiny_model_dir))
     with caplog.at_level(logging.WARNING):
         for rank in ("0", "1"):  # the main process warns; every process's rollout stays quiet
-            config_from_dict({**good, "rollout": {"repetition_penalty": 1.37}}, env={"RANK": rank})
+            config_from_dict({**good, "sampling": {"repetition_penalty": 1.37}}, env={"RANK": rank})
             HFPolicy(model, tok, SamplingParams(repetition_penalty=1.37)).open_session([])
         # without a config check in front of it, the policy still says it (library use)
         HFPolicy(model, tok, SamplingParams(repetition_penalty=1.41)).open_session([])
@@ -329,7 +332,7 @@ def test_the_repetition_penalty_is_explained_once_per_run_not_again_by_every_rol
 def test_sampling_settings_reach_the_trainer(good):
     from agentic_rag.training.train import grpo_args
 
-    cfg = config_from_dict({**good, "rollout": {"top_k": 40, "repetition_penalty": 1.2, "top_p": 0.8}}, env={})
+    cfg = config_from_dict({**good, "sampling": {"top_k": 40, "repetition_penalty": 1.2, "top_p": 0.8}}, env={})
     args = grpo_args(cfg, use_cpu=True)
     assert (args.top_k, args.repetition_penalty, args.top_p) == (40, 1.2, 0.8)
     assert args.ds3_gather_for_generation is True
@@ -353,7 +356,7 @@ def test_fsdp_launch_is_refused_before_any_model_loads(good, tmp_path, capsys, m
 
 
 def test_zero3_without_gathering_for_generation_is_refused(tmp_path):
-    from agentic_rag.config import launch_from_env, launch_problems
+    from agentic_rag.training.launch_checks import launch_from_env, launch_problems
 
     (problem,) = launch_problems(zero_stage=3, fsdp=False, ds3_gather_for_generation=False)
     assert "ds3_gather_for_generation" in problem and "hang" in problem and "ZeRO-3" in problem
@@ -375,7 +378,7 @@ def test_zero3_without_gathering_for_generation_is_refused(tmp_path):
 def test_the_trainer_refuses_zero3_without_gathering_before_deepspeed_starts():
     from types import SimpleNamespace
 
-    from agentic_rag.training.trainer import refuse_unsupported_launch
+    from agentic_rag.training.launch_checks import refuse_unsupported_launch
 
     plugin = SimpleNamespace(zero_stage=3)
     with pytest.raises(ValueError, match="ds3_gather_for_generation"):
@@ -429,7 +432,7 @@ def test_a_sliding_window_model_with_memory_actions_is_refused(good, tmp_path):
 
 
 def test_a_cached_hub_model_config_is_read_without_the_network(tmp_path):
-    from agentic_rag.config import local_model_config
+    from agentic_rag.training.launch_checks import local_model_config
 
     snapshot = tmp_path / "models--org--swa" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
@@ -445,7 +448,7 @@ def test_a_cached_hub_model_config_is_read_without_the_network(tmp_path):
 @pytest.mark.parametrize("name, scale, expected", [("grpo", None, "group"), ("grpo", "none", "none"),
                                                    ("dr_grpo", None, "none"), ("dapo", "batch", "batch")])
 def test_scale_rewards_reaches_trls_config(name, scale, expected):
-    from agentic_rag.training.trainer import algorithm_args
+    from agentic_rag.training.algorithms import algorithm_args
 
     assert algorithm_args(name, scale_rewards=scale)["scale_rewards"] == expected
 

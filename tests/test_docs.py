@@ -21,7 +21,7 @@ def documented() -> set[str]:
 
 
 def read_by_code() -> set[str]:
-    from agentic_rag.config import ENV_OVERRIDES
+    from agentic_rag.training.config import ENV_OVERRIDES
 
     names: set[str] = set(ENV_OVERRIDES)
     for path in list((ROOT / "src").rglob("*.py")) + list((ROOT / "service").rglob("*.py")):

@@ -64,8 +64,9 @@ def endpoint_config(url: str, tok_dir: Path, index: Path, out: Path, **over) -> 
         "dataset": {"path": str(shared(DEV)), "limit": 6},
         "policy": {"type": "endpoint", "model": "fake-model", "base_url": url, "tokenizer": str(tok_dir),
                    "concurrency": 3},
-        "search": {"index": str(index), "retriever": "bm25", "k": 2},
-        "rollout": {"batch_size": 6, "max_tokens_per_turn": 128, "max_completion_tokens": 1024},
+        "search": {"index": str(index), "retriever": "bm25"},
+        "rollout": {"passages_per_search": 2, "max_tokens_per_turn": 128, "max_completion_tokens": 1024},
+        "batch_size": 6,
         "output_dir": str(out),
     }
     for dotted, value in over.items():
@@ -114,7 +115,7 @@ def test_endpoint_eval_end_to_end_with_a_real_index_and_the_judge(tmp_path, tok_
     with FakeOpenAI(completions=scripted, chat=judge_handler(golds), models=("fake-model", "judge"),
                     delay=0.05) as srv:
         data = endpoint_config(srv.url, tok_dir, wiki_index, tmp_path / "run",
-                               metrics=["em", "f1", "cover_em", "judge", "format"],
+                               metrics=["em", "f1", "cover_em", "judge", "well_formed"],
                                judge={"base_url": srv.url, "model": "judge", "timeout_s": 5})
         summary = run_evaluation(config_from_dict(data), progress=False)
         # a round's turns went out concurrently, at most `concurrency` at once
@@ -134,7 +135,7 @@ def test_endpoint_eval_end_to_end_with_a_real_index_and_the_judge(tmp_path, tok_
     assert recs[1]["judge"] == {"status": "garbage", "reply": "It is hard to say."}
     m = summary["metrics"]
     assert summary["n"] == 6 and m["em"] == pytest.approx(4 / 6) and m["cover_em"] == pytest.approx(4 / 6)
-    assert m["format"] == 1.0 and m["judge"] == pytest.approx(4 / 5)  # one garbage reply: judged 5
+    assert m["well_formed"] == 1.0 and m["judge"] == pytest.approx(4 / 5)  # one garbage reply: judged 5
     assert summary["judge"]["garbage"] == 1 and summary["judge"]["judged"] == 5
     assert summary["searches_per_question"] == pytest.approx(5 / 6)
     assert summary["latency_s"]["p50"] is not None and summary["finish_reasons"] == {"answer": 6}
@@ -146,7 +147,7 @@ def test_interrupted_eval_resumes_without_redoing_finished_examples(tmp_path, to
     rows = dev_rows(6)
     scripted = ScriptedCompletions(scripts_for(rows))
     with FakeOpenAI(completions=scripted, models=("fake-model",)) as srv:
-        data = endpoint_config(srv.url, tok_dir, wiki_index, tmp_path / "run", rollout={"batch_size": 2})
+        data = endpoint_config(srv.url, tok_dir, wiki_index, tmp_path / "run", batch_size=2)
         cfg = config_from_dict(data)
 
         def crash(index, records):
@@ -166,7 +167,7 @@ def test_interrupted_eval_resumes_without_redoing_finished_examples(tmp_path, to
     assert summary["this_session"]["examples"] == 2
     # extending the limit is a resume too; changing the model is refused
     with FakeOpenAI(completions=ScriptedCompletions(scripts_for(dev_rows(8)) | {}), models=("fake-model",)) as srv2:
-        data2 = endpoint_config(srv2.url, tok_dir, wiki_index, tmp_path / "run", rollout={"batch_size": 2})
+        data2 = endpoint_config(srv2.url, tok_dir, wiki_index, tmp_path / "run", batch_size=2)
         data2["dataset"]["limit"] = 6
         with pytest.raises(EvalConfigError, match=r"another config \(differs in: policy.base_url\)"):
             run_evaluation(config_from_dict(data2), progress=False)
@@ -191,8 +192,9 @@ def test_local_model_with_a_lora_adapter_loaded_by_path_and_the_report(tmp_path,
     lora.save_pretrained(str(adapter_dir))
     base = {"dataset": {"path": str(shared(DEV)), "limit": 3},
             "policy": {"type": "local", "model": str(model_dir), "device": "cpu"},
-            "search": {"index": str(wiki_index), "k": 2},
-            "rollout": {"max_tokens_per_turn": 12, "max_completion_tokens": 40, "batch_size": 2}}
+            "search": {"index": str(wiki_index)},
+            "rollout": {"max_tokens_per_turn": 12, "max_completion_tokens": 40, "passages_per_search": 2},
+            "batch_size": 2}
     cfg_path = tmp_path / "tiny.yaml"
     cfg_path.write_text(yaml.safe_dump(base))
     assert main(["eval", "--config", str(cfg_path), "--output-dir", str(tmp_path / "base"), "--no-progress"]) == 0
@@ -206,15 +208,43 @@ def test_local_model_with_a_lora_adapter_loaded_by_path_and_the_report(tmp_path,
     assert [r["trajectory"] for r in runs["base"]] != [r["trajectory"] for r in runs["lora"]]
     summary = json.loads((tmp_path / "lora" / "summary.json").read_text())
     assert summary["policy"]["adapter"] == str(adapter_dir) and summary["run"] == "tiny-lora"
-    assert set(summary["metrics"]) == {"em", "f1", "cover_em", "format"}
+    assert set(summary["metrics"]) == {"em", "f1", "cover_em", "well_formed"}
     out = tmp_path / "report" / "report.md"
     assert main(["eval-report", "--runs", str(tmp_path / "base"), str(tmp_path / "lora"), "--out", str(out)]) == 0
     md = out.read_text()
-    assert "| run | n | EM | F1 | cover-EM (ACC_R) | format |" in md
+    assert "| run | n | EM | F1 | cover-EM (ACC_R) | well-formed |" in md
     assert "| tiny |" in md and "| tiny-lora |" in md and "![metrics by run](report.png)" in md
     assert "on 3 shared questions" in md
     png = out.with_suffix(".png")
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_without_a_yaml_runs_from_flags_alone(tmp_path, tiny_model_dir, wiki_index, capsys):
+    """``agentic-rag eval --model M --questions FILE --index DIR --limit N --out DIR``: no config file; --set
+    reaches the rollout settings, and the summary's config records every value the run used."""
+    out = tmp_path / "run"
+    argv = ["eval", "--model", str(tiny_model_dir), "--questions", str(shared(DEV)), "--index", str(wiki_index),
+            "--limit", "2", "--out", str(out), "--no-progress", "--set", "policy.device=cpu",
+            "--set", "rollout.max_turns=2", "--set", "rollout.max_completion_tokens=64",
+            "--set", "rollout.max_tokens_per_turn=16"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["output_dir"] == str(out) and printed["n"] == 2
+    recs = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and [r["id"] for r in recs] == [r["id"] for r in dev_rows(2)]
+    assert all(0 < r["completion_tokens"] <= 64 and r["num_turns"] <= 2 for r in recs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 2 and summary["run"] == tiny_model_dir.name  # the run is named after the model
+    config = summary["config"]
+    assert config["rollout"]["max_turns"] == 2 and config["rollout"]["max_completion_tokens"] == 64
+    assert config["rollout"]["max_tokens_per_turn"] == 16
+    assert config["policy"]["model"] == str(tiny_model_dir) and config["policy"]["type"] == "local"
+    assert config["dataset"]["path"] == str(shared(DEV)) and config["dataset"]["limit"] == 2
+    assert config["search"]["index"] == str(wiki_index) and config["output_dir"] == str(out)
+    assert config["sampling"]["temperature"] == 0.0  # evaluation decodes greedily by default
+    # without a YAML the model, the questions and the index are needed: one clear line says so
+    assert main(["eval", "--model", str(tiny_model_dir), "--questions", str(shared(DEV))]) == 2
+    assert "--model M --questions FILE --index DIR_OR_URL" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -237,10 +267,11 @@ def test_bad_config_reports_every_problem_at_once(tmp_path, tok_dir, capsys):
     bad = {
         "datset": {"path": "x"},
         "dataset": {"path": str(tmp_path / "missing.jsonl"), "format": "hotpot", "limit": 0},
-        "policy": {"type": "endpoint", "model": "m", "base_url": "localhost:8000", "temperature": -1,
-                   "concurrency": "many"},
-        "search": {"index": str(tmp_path / "no-index"), "k": 0, "retriever": "bm52"},
-        "rollout": {"dialect": "agentik", "max_tokens_per_turn": 4096, "max_completion_tokens": 1024},
+        "policy": {"type": "endpoint", "model": "m", "base_url": "localhost:8000", "concurrency": "many"},
+        "search": {"index": str(tmp_path / "no-index"), "retriever": "bm52"},
+        "rollout": {"dialect": "agentik", "max_tokens_per_turn": 4096, "max_completion_tokens": 1024,
+                    "passages_per_search": 0},
+        "sampling": {"temperature": -1},
         "metrics": ["em", "acc", "judge"],
     }
     cfg_path = tmp_path / "bad.yaml"
@@ -249,7 +280,7 @@ def test_bad_config_reports_every_problem_at_once(tmp_path, tok_dir, capsys):
         load_eval_config(cfg_path)
     problems = info.value.problems
     assert problems[:2] == ["datset is not a setting; did you mean 'dataset'?",
-                            "policy.concurrency must be int, got 'many'"]
+                            "policy.concurrency must be an integer, got 'many'"]
     assert len(problems) == 16 and not any(p.startswith("policy.concurrency must be >=") for p in problems)
     t0 = time.time()
     assert main(["eval", "--config", str(cfg_path)]) == 2
@@ -259,16 +290,17 @@ def test_bad_config_reports_every_problem_at_once(tmp_path, tok_dir, capsys):
     for expected in (f"dataset.path: no such file {tmp_path / 'missing.jsonl'}",
                      "dataset.format must be one of auto, generic, hotpotqa",
                      "got 'hotpot' (did you mean 'hotpotqa'?)",
-                     "dataset.limit must be >= 1 or null, got 0",
+                     "dataset.limit must be >= 1, got 0",
                      "policy.base_url must be the endpoint's http(s) URL",
                      "policy.tokenizer is empty: an endpoint policy needs the served model's tokenizer",
-                     "policy.temperature must be >= 0",
+                     "sampling.temperature must be >= 0, got -1",
                      f"search.index: no index at {tmp_path / 'no-index'} (build one: agentic-rag index build",
                      "search.retriever must be one of bm25, dense, hybrid; got 'bm52' (did you mean 'bm25'?)",
-                     "search.k must be a positive integer, got 0",
-                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik'",
+                     "rollout.passages_per_search must be >= 1, got 0",
+                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik' "
+                     "(did you mean 'agentic'?)",
                      "rollout.max_tokens_per_turn (4096) exceeds rollout.max_completion_tokens (1024)",
-                     "metrics[1] must be one of em, f1, cover_em, judge, choice, format; got 'acc'",
+                     "metrics has unknown metric 'acc'; known metrics: em, f1, cover_em, judge, choice, well_formed",
                      "judge.base_url is empty", "judge.model is empty"):
         assert expected in err, expected
 
@@ -282,9 +314,9 @@ def test_config_environment_variables_and_overrides(tmp_path, tok_dir, wiki_inde
                            overrides=["policy.concurrency=5", "rollout.dialect=search-r1"])
     assert cfg.policy.model == "served-name" and cfg.policy.base_url == "http://127.0.0.1:1/v1"
     assert cfg.policy.concurrency == 5 and cfg.rollout.dialect == "search-r1"
-    assert cfg.resolved_metrics("hotpotqa") == ["em", "f1", "cover_em", "format"]
+    assert cfg.resolved_metrics("hotpotqa") == ["em", "f1", "cover_em", "well_formed"]
     assert cfg.resolved_metrics("medqa")[-1] == "choice"
-    with pytest.raises(EvalConfigError, match="--set 'oops': expected KEY=VALUE"):
+    with pytest.raises(EvalConfigError, match="--set 'oops': expected NAME=VALUE, e.g. rollout.max_searches=2"):
         config_from_dict(data, env={"EVAL_TEST_MODEL": "x"}, overrides=["oops"])
 
 
@@ -311,7 +343,10 @@ def test_example_configs_match_the_schema(tmp_path):
         try:
             config_from_dict(data, env=env, source=path.name)
         except EvalConfigError as exc:
-            allowed = ("policy.model: no such directory", "policy.tokenizer: no such directory",
+            # the placeholders: models, tokenizers and indexes built on the user's machine (the replay's tokenizer
+            # is the tiny model experiments/evaluation/tiny_model.py writes under outputs/)
+            allowed = ("policy.model: no such model directory", "policy.tokenizer: no such tokenizer directory",
+                       "policy.tokenizer: 'outputs/tiny-qwen/model' is not a local path",
                        "search.index: no index at")
             assert all(p.startswith(allowed) for p in exc.problems), (path.name, exc.problems)
 
@@ -360,9 +395,9 @@ def test_medqa_endpoint_eval_scores_the_option_letter(tmp_path, tok_dir):
     # is not "covered" by the letter
     assert [r["metrics"]["em"] for r in recs] == [0.0, 0.0, 1.0, 0.0, 0.0]
     assert [r["metrics"]["cover_em"] for r in recs] == [0.0, 0.0, 1.0, 0.0, 0.0]
-    assert summary["metrics_requested"] == ["em", "f1", "cover_em", "format", "choice"]
+    assert summary["metrics_requested"] == ["em", "f1", "cover_em", "well_formed", "choice"]
     assert summary["n"] == 5 and summary["metrics"]["choice"] == pytest.approx(4 / 5)
-    assert summary["metrics"]["cover_em"] == pytest.approx(1 / 5) and summary["metrics"]["format"] == 1.0
+    assert summary["metrics"]["cover_em"] == pytest.approx(1 / 5) and summary["metrics"]["well_formed"] == 1.0
 
 
 # ------------------------------------------------------------------------------------------ Ctrl-C
@@ -385,7 +420,7 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes_the_rest(tmp
 
     out = tmp_path / "run"
     with FakeOpenAI(completions=scripted, models=("fake-model",)) as srv:
-        data = medqa_config(srv.url, tok_dir, shared(MEDQA), out, rollout={"batch_size": 2})
+        data = medqa_config(srv.url, tok_dir, shared(MEDQA), out, batch_size=2)
         data["dataset"]["limit"] = 6
         cfg_path = tmp_path / "medqa.yaml"
         cfg_path.write_text(yaml.safe_dump(data))
@@ -405,3 +440,21 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes_the_rest(tmp
     assert printed["n"] == 6 and printed["this_session"]["examples"] == 2 and printed["metrics"]["choice"] == 1.0
     # the finished four were not rolled out again; the batch lost to Ctrl-C was
     assert [scripted.first_turns[r["question"]] for r in rows] == [1, 1, 1, 1, 2, 2]
+
+
+def test_the_report_reads_runs_written_before_well_formed_was_renamed(tmp_path):
+    """A summary.json and predictions.jsonl from before the rename call well_formed 'format': the report reads
+    either, and puts both under one column."""
+    from agentic_rag.evaluation.report import Run, markdown_table, paired_lines
+
+    for name, key, value in (("old", "format", 0.5), ("new", "well_formed", 1.0)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"run": name, "n": 2, "metrics": {"em": value, key: value}}))
+        (d / "predictions.jsonl").write_text("".join(json.dumps({"id": str(i), "metrics": {"em": value, key: value}})
+                                                     + "\n" for i in range(2)))
+    runs = [Run(tmp_path / "old"), Run(tmp_path / "new")]
+    table = markdown_table(runs)
+    assert "| run | n | EM | well-formed |" in table and "| old | 2 | 0.500 | 0.500 |" in table
+    assert "| new | 2 | 1.000 | 1.000 |" in table
+    assert paired_lines(runs) == ["- **new** vs **old** on 2 shared questions: EM +2 / -0"]

@@ -42,18 +42,19 @@ def test_eval_sh_without_arguments_prints_its_usage():
 def test_eval_sh_lists_every_problem_of_a_bad_config(tmp_path):
     bad = {"dataset": {"path": str(tmp_path / "missing.jsonl"), "limit": 0},
            "policy": {"type": "endpoint", "model": "m", "base_url": "localhost:8000"},
-           "search": {"index": "none", "k": 0},
-           "rollout": {"dialect": "agentik"}}
+           "search": {"index": "none"},
+           "rollout": {"dialect": "agentik", "passages_per_search": 0}}
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump(bad))
     r = bash("eval.sh", str(cfg), "--no-progress")
     assert r.returncode == 2, r.stderr
     assert f"{cfg}: " in r.stderr and "problem(s)" in r.stderr
     for expected in (f"dataset.path: no such file {tmp_path / 'missing.jsonl'}",
-                     "dataset.limit must be >= 1 or null, got 0",
+                     "dataset.limit must be >= 1, got 0",
                      "policy.base_url must be the endpoint's http(s) URL",
-                     "search.k must be a positive integer, got 0",
-                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik'"):
+                     "rollout.passages_per_search must be >= 1, got 0",
+                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik' "
+                     "(did you mean 'agentic'?)"):
         assert expected in r.stderr, expected
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentic_rag.rollout import RolloutLimits
+from agentic_rag.rollout import RolloutSettings
 from test_rollout import FakeSearcher
 from test_training import lora_state, varied_reward
 
@@ -59,9 +59,9 @@ def make_trainer(model_dir, tmp_path, *, max_steps=2):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from agentic_rag.config import ModelConfig
     from agentic_rag.models import load_tokenizer
     from agentic_rag.tools import SearchTool
+    from agentic_rag.training.config import ModelConfig
     from agentic_rag.training.model import load_base_model, lora_config
     from agentic_rag.training.trainer import AgenticGRPOTrainer
 
@@ -72,11 +72,11 @@ def make_trainer(model_dir, tmp_path, *, max_steps=2):
                       max_completion_length=192, max_steps=max_steps, learning_rate=5e-2, report_to=[],
                       use_cpu=True, save_strategy="no", logging_steps=1, seed=0, disable_dropout=True,
                       gradient_checkpointing=cfg.gradient_checkpointing)
-    limits = RolloutLimits(max_turns=5, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=192,
-                           passages_per_search=1, max_observation_tokens=32)
+    settings = RolloutSettings(max_turns=5, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=192,
+                               passages_per_search=1, max_observation_tokens=32)
     return AgenticGRPOTrainer(load_base_model(cfg), tokenizer=tok, reward_funcs=[varied_reward], args=args,
                               train_dataset=Dataset.from_list([{"prompt": q} for q in QUESTIONS]),
-                              tools=SearchTool(FakeSearcher()), limits=limits, processors=[Backtracking(tok)],
+                              tools=SearchTool(FakeSearcher()), settings=settings, processors=[Backtracking(tok)],
                               peft_config=lora_config(cfg))
 
 

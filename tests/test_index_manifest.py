@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 
 from agentic_rag.cli import main
+from agentic_rag.errors import UserError
 from agentic_rag.search import IndexMismatchError, IndexMissingError, open_searcher
 from agentic_rag.search.build import build_index, link_index, open_docstore
 from agentic_rag.search.corpus import CorpusFormatError, build_corpus
@@ -210,9 +212,10 @@ def test_link_refuses_a_faiss_index_that_could_not_be_opened(wiki_index, tmp_pat
     assert not (tmp_path / "x").exists()
     assert main(["index", "link", "--out", str(tmp_path / "y"), "--lucene", str(wiki_index / "bm25"),
                  "--faiss", str(fdir), "--dense-encoder", "minilm"]) == 2
-    with pytest.raises(FileNotFoundError, match="no FAISS index at"):
+    with pytest.raises(UserError, match=re.escape(f"--faiss {tmp_path / 'nowhere'}: no such FAISS directory or file")):
         link_index(tmp_path / "x", lucene=str(wiki_index / "bm25"), faiss_dir=str(tmp_path / "nowhere"),
                    dense_encoder="minilm", progress=False)
+    assert not (tmp_path / "x").exists()
 
 
 def test_index_build_chunk_words_format_and_skip_bad_count_in_the_up_to_date_check(tmp_path, capsys, caplog):

@@ -23,6 +23,8 @@ def config(tmp_path: Path, model_dir: Path, world_dir: Path, **over) -> Path:
         "search": {"index": str(world_dir / "index")},
         "rollout": {"max_turns": 2, "max_tokens_per_turn": 16, "max_completion_tokens": 96,
                     "max_observation_tokens": 48, "passages_per_search": 1},
+        "prompt": {"language": "en"},
+        "sampling": {"temperature": 1.0},
         "rewards": [{"name": "f1", "weight": 1.0}, {"name": "format", "weight": 0.2}],
         "algorithm": {"num_generations": 2, "per_device_train_batch_size": 2, "max_steps": 2,
                       "learning_rate": 0.001},
@@ -33,8 +35,8 @@ def config(tmp_path: Path, model_dir: Path, world_dir: Path, **over) -> Path:
         if "__" not in dotted:  # a top-level setting, e.g. gpu_memory_gb
             cfg[dotted] = value
             continue
-        section, key = dotted.split("__")
-        cfg[section][key] = value
+        section, key = dotted.split("__")  # e.g. prompt__system_prompt, sampling__top_p
+        cfg.setdefault(section, {})[key] = value
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

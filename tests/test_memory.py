@@ -13,16 +13,10 @@ from dataclasses import replace
 import pytest
 
 from agentic_rag.cli import main
-from agentic_rag.training import memory
-from agentic_rag.training.memory import (
-    EstimateInputs,
-    GiB,
-    TrainingSetup,
-    builtin_models,
-    check_fits,
-    estimate,
-    load_arch,
-)
+from agentic_rag.training import memory, model_arch
+from agentic_rag.training.memory import GiB, TrainingSetup, estimate
+from agentic_rag.training.memory_advice import EstimateInputs, check_fits
+from agentic_rag.training.model_arch import builtin_models, load_arch
 from conftest import ROOT
 
 # Published parameter totals of the real checkpoints (the model cards' safetensors totals).
@@ -110,12 +104,12 @@ def test_nf4_bytes_match_real_bitsandbytes_tensors():
     def nbytes(t):
         return t.numel() * t.element_size()
 
-    blocks = math.ceil(w.numel() / memory.NF4_BLOCK)
+    blocks = math.ceil(w.numel() / model_arch.NF4_BLOCK)
     assert nbytes(packed) == w.numel() // 2
     assert nbytes(state.absmax) == blocks  # uint8 absmax under double quantisation
-    assert nbytes(state.state2.absmax) == 4 * math.ceil(blocks / memory.DOUBLE_QUANT_BLOCK)
+    assert nbytes(state.state2.absmax) == 4 * math.ceil(blocks / model_arch.DOUBLE_QUANT_BLOCK)
     # the estimator's per-weight constants: 1 byte per block + 4 per second-level block + the fp32 offset
-    consts = blocks + 4 * math.ceil(blocks / memory.DOUBLE_QUANT_BLOCK) + 4
+    consts = blocks + 4 * math.ceil(blocks / model_arch.DOUBLE_QUANT_BLOCK) + 4
     assert consts == nbytes(state.absmax) + nbytes(state.state2.absmax) + 4 * state.offset.numel()
 
 
@@ -192,7 +186,7 @@ def test_zero3_gather_for_generation_puts_the_whole_model_on_each_gpu():
     layered = estimate("qwen2.5-32b", replace(setup, ds3_gather_for_generation=False))
     assert layered.phases["generation"] < est.phases["generation"]
     # ... but no suggestion turns gathering off: the rollout would hang without it, and the config check refuses it
-    from agentic_rag.training.memory import _alternatives
+    from agentic_rag.training.memory_advice import _alternatives
 
     assert all(alt.ds3_gather_for_generation for _, alt in _alternatives(setup))
 
@@ -297,8 +291,8 @@ def test_estimate_matches_a_measured_cpu_training_step():
 def test_fit_warning_is_logged_before_the_model_loads(tmp_path, tiny_model_dir, world_dir, monkeypatch):
     import logging
 
-    from agentic_rag.config import load_config
     from agentic_rag.training import model as model_module
+    from agentic_rag.training.config import load_config
     from agentic_rag.training.train import run
     from test_launch import config
 
@@ -331,9 +325,9 @@ def test_fit_warning_is_logged_before_the_model_loads(tmp_path, tiny_model_dir, 
 
 def test_the_estimate_uses_the_launch_stage_and_the_runs_real_lengths(tmp_path, tiny_model_dir, world_dir,
                                                                       monkeypatch, qwen_tokenizer):
-    from agentic_rag.config import load_config
     from agentic_rag.data.prompts import build_prompt
     from agentic_rag.data.questions import read_questions
+    from agentic_rag.training.config import load_config
     from agentic_rag.training.train import fit_check, memory_setup
     from test_launch import config
 
@@ -399,7 +393,7 @@ def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_model_loads(tmp
     assert "memory estimate: training" in err and "0.1 GiB is available" in err, err
     assert "model.gradient_checkpointing: true" in err and "AGENTIC_RAG_RAM_GB" in err
     # the same config with room: no refusal
-    from agentic_rag.config import load_config
+    from agentic_rag.training.config import load_config
 
     monkeypatch.setenv("AGENTIC_RAG_RAM_GB", "64")
     assert train.ram_check(load_config(path)) is None
@@ -408,7 +402,8 @@ def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_model_loads(tmp
 def test_the_ram_estimate_grows_with_the_micro_batch_and_checkpointing_shrinks_it(tiny_model_dir):
     from dataclasses import replace
 
-    from agentic_rag.training.memory import CPU_PROCESS_GB, EstimateInputs, TrainingSetup, check_fits_ram, estimate
+    from agentic_rag.training.memory import TrainingSetup, estimate
+    from agentic_rag.training.memory_advice import CPU_PROCESS_GB, EstimateInputs, check_fits_ram
 
     setup = TrainingSetup(device="cpu", batch=4, num_generations=4, micro_batch=8, max_prompt=64, max_completion=200,
                           lora_rank=4, lora_dropout=0.0, lora_targets=("q_proj", "v_proj"))

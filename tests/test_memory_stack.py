@@ -8,12 +8,14 @@ structure, so the tests hold the structure to what the model really saw.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from agentic_rag.data.prompts import build_prompt
 from agentic_rag.rewards.format import check_format
-from agentic_rag.rollout import AgentRollout, RolloutLimits
+from agentic_rag.rollout import AgentRollout, RolloutSettings
 from agentic_rag.rollout.protocol import get_dialect
 from agentic_rag.rollout.scoring import completion_logprobs
 from agentic_rag.rollout.scripted import ScriptedPolicy
@@ -58,7 +60,7 @@ def B(reason: str) -> str:  # noqa: N802 - a backtrack turn
     return f"<backtrack>{reason}</backtrack>"
 
 
-def play(tok, script, limits=None, **kw):
+def play(tok, script, limits=None, summary_mode="replace"):
     """Run ``script`` (one question) and return the trajectory, the visible completion (decoded) at the start
     of every turn, and its length in tokens."""
     policy = ScriptedPolicy(tok, {QUESTION: script})
@@ -73,7 +75,8 @@ def play(tok, script, limits=None, **kw):
         return original(contexts, **gen_kw)
 
     policy.generate = spy
-    engine = AgentRollout(policy, tok, OneHit(), limits=limits or RolloutLimits(passages_per_search=1), **kw)
+    settings = dataclasses.replace(limits or RolloutSettings(passages_per_search=1), summary_mode=summary_mode)
+    engine = AgentRollout(policy, tok, OneHit(), settings)
     (t,) = engine.run([prompt], [QUESTION])
     return t, [tok.decode(ids, skip_special_tokens=False) for ids in seen], [len(ids) for ids in seen]
 
@@ -172,7 +175,7 @@ def test_failed_and_empty_searches_are_search_steps(qwen_tokenizer):
 
 def test_search_past_the_limit_is_told_and_can_answer(qwen_tokenizer):
     tok = qwen_tokenizer
-    limits = RolloutLimits(max_searches=2, passages_per_search=1)
+    limits = RolloutSettings(max_searches=2, passages_per_search=1)
     t, seen, _ = play(tok, [S("q1"), S("q2"), S("q3"), "<answer>a</answer>"], limits)
     notice = note("You have no searches left (the limit is 2). Answer with what you know.")
     assert seen[3] == S("q1") + obs("q1") + S("q2") + obs("q2") + S("q3") + notice
@@ -194,51 +197,96 @@ def test_search_past_the_limit_is_told_and_can_answer(qwen_tokenizer):
 
 def test_search_limit_can_still_end_the_trajectory(qwen_tokenizer):
     tok = qwen_tokenizer
-    limits = RolloutLimits(max_searches=2, passages_per_search=1, on_search_limit="end")
+    limits = RolloutSettings(max_searches=2, passages_per_search=1, on_search_limit="end")
     t, seen, _ = play(tok, [S("q1"), S("q2"), S("q3"), "<answer>a</answer>"], limits)
     assert len(seen) == 3 and t.finish_reason == "max_searches" and t.answer is None
     assert t.events[-2]["type"] == "limit" and t.events[-1] == {"type": "finish", "turn": 3, "reason": "max_searches"}
 
 
-def test_search_limit_setting_is_checked():
-    with pytest.raises(ValueError, match="on_search_limit must be 'observe' or 'end', got 'stop'"):
-        RolloutLimits(on_search_limit="stop")
+def test_search_limit_setting_is_checked(qwen_tokenizer):
+    """RolloutSettings check nothing when built; the engine checks them as a config would, naming the fix."""
+    settings = RolloutSettings(on_search_limit="stop")
+    with pytest.raises(ValueError, match=r"invalid rollout settings: on_search_limit must be one of observe, end; "
+                                         r"got 'stop'"):
+        AgentRollout(ScriptedPolicy(qwen_tokenizer, {}), qwen_tokenizer, OneHit(), settings)
 
 
-def test_search_limit_setting_reaches_the_engine_from_every_config(world_dir, tiny_model_dir, qwen_tokenizer):
-    from agentic_rag.config import ConfigError, config_from_dict
+class _EngineBuilt(Exception):
+    pass
+
+
+def test_search_limit_setting_reaches_the_engine_from_every_config(world_dir, tiny_model_dir, qwen_tokenizer,
+                                                                  tmp_path, monkeypatch):
+    """One RolloutSettings shape under ``rollout:`` everywhere: the object a training, evaluation or serve config
+    holds is the very one its rollout engine runs with."""
+    import agentic_rag.rollout
     from agentic_rag.evaluation.config import EvalConfigError
     from agentic_rag.evaluation.config import config_from_dict as eval_config
-    from agentic_rag.evaluation.runner import rollout_limits as eval_limits
+    from agentic_rag.evaluation.runner import run_evaluation
     from agentic_rag.serving.agent import ChatAgent
-    from agentic_rag.serving.config import ServerConfig
-    from agentic_rag.training.train import rollout_limits
+    from agentic_rag.serving.config import config_for
+    from agentic_rag.settings import SettingsError
+    from agentic_rag.training import trainer as trainer_module
+    from agentic_rag.training.config import ConfigError, config_from_dict, load_config
+    from agentic_rag.training.train import run
+    from test_launch import config
 
+    built = []
+
+    class Spy(AgentRollout):  # the engine as each path builds it: recorded, then the run stops there
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            built.append(self.settings)
+            raise _EngineBuilt
+
+    # training: cfg.rollout -> the trainer -> the engine of its first rollout
     train = {"model": {"name_or_path": str(tiny_model_dir)},
              "data": {"train_file": str(world_dir / "world" / "train.jsonl")},
              "search": {"index": str(world_dir / "index")}}
-    assert rollout_limits(config_from_dict(train, env={})).on_search_limit == "observe"
-    cfg = config_from_dict({**train, "rollout": {"on_search_limit": "end"}}, env={})
-    assert rollout_limits(cfg).on_search_limit == "end"
+    assert config_from_dict(train, env={}).rollout.on_search_limit == "observe"
     with pytest.raises(ConfigError, match="rollout.on_search_limit must be one of observe, end; got 'stop'"):
         config_from_dict({**train, "rollout": {"on_search_limit": "stop"}}, env={})
-    evaluation = {"dataset": {"path": str(world_dir / "world" / "test.jsonl")},
+    cfg = load_config(config(tmp_path, tiny_model_dir, world_dir, rollout__on_search_limit="end"), env={})
+    assert cfg.rollout.on_search_limit == "end"
+    monkeypatch.setattr(trainer_module, "AgentRollout", Spy)
+    with pytest.raises(_EngineBuilt):
+        run(cfg)
+    assert built[-1] is cfg.rollout
+
+    # evaluation: cfg.rollout -> the runner's engine
+    evaluation = {"dataset": {"path": str(world_dir / "world" / "test.jsonl"), "limit": 2},
                   "policy": {"model": str(tiny_model_dir)}, "search": {"index": str(world_dir / "index")},
-                  "rollout": {"on_search_limit": "end"}}
-    assert eval_limits(eval_config(evaluation)).on_search_limit == "end"
-    with pytest.raises(EvalConfigError, match="rollout.on_search_limit"):
+                  "rollout": {"on_search_limit": "end"}, "output_dir": str(tmp_path / "eval")}
+    with pytest.raises(EvalConfigError, match="rollout.on_search_limit must be one of observe, end; got 'stop'"):
         eval_config({**evaluation, "rollout": {"on_search_limit": "stop"}})
-    served = ServerConfig(model=str(tiny_model_dir), index="/i", on_search_limit="stop")
-    assert served.problems() == ["--on-search-limit must be observe or end, got 'stop'"]
-    served = ServerConfig(model=str(tiny_model_dir), index="/i", on_search_limit="end")
+    ecfg = eval_config(evaluation)
+    assert ecfg.rollout.on_search_limit == "end"
+    monkeypatch.setattr(agentic_rag.rollout, "AgentRollout", Spy)
+    with pytest.raises(_EngineBuilt):
+        run_evaluation(ecfg, policy=ScriptedPolicy(qwen_tokenizer, {}), tokenizer=qwen_tokenizer, searcher=OneHit(),
+                       progress=False)
+    assert built[-1] is ecfg.rollout
+
+    # serving: the config's rollout -> the agent -> the engine of each request
+    base = [f"model.model={tiny_model_dir}", f"search.index={world_dir / 'index'}"]
+    with pytest.raises(SettingsError, match=r"rollout.on_search_limit must be one of observe, end; got 'stop' "
+                                            r"\(from --set rollout.on_search_limit\)"):
+        config_for([*base, "rollout.on_search_limit=stop"])
+    served = config_for([*base, "rollout.on_search_limit=end"])
+    assert served.rollout.on_search_limit == "end"
     agent = ChatAgent.load(served, policy=ScriptedPolicy(qwen_tokenizer, {}), tokenizer=qwen_tokenizer,
                            searcher=OneHit())
-    assert agent.engine().limits.on_search_limit == "end"
+    assert agent.settings is served.rollout
+    engine = agent.engine()
+    assert engine.settings is served.rollout and engine.settings.on_search_limit == "end"
+    direct = ChatAgent(ScriptedPolicy(qwen_tokenizer, {}), qwen_tokenizer, OneHit(), served.rollout, served.prompt)
+    assert direct.engine().settings is served.rollout
+    assert len(built) == 2  # the serving engines are real ones: the spies were only the two runs'
 
 
 def test_backtrack_passes_over_the_search_limit_notice(qwen_tokenizer):
     tok = qwen_tokenizer
-    limits = RolloutLimits(max_searches=1, passages_per_search=1)
+    limits = RolloutSettings(max_searches=1, passages_per_search=1)
     t, seen, _ = play(tok, [S("q1"), S("q2"), B("b1"), "<answer>a</answer>"], limits)
     assert seen[3] == back("b1")  # the refused search was no search step: the real one is abandoned
 
@@ -256,7 +304,7 @@ def test_logprobs_of_stacked_backtracks_equal_the_training_way_rescoring(qwen_to
     other = [B("none yet"), S("eps"), S("zeta"), S("eta"), S("theta"), S("iota"), "<answer>e</answer>"]
     scripts = {"Stacked?": script, "Other question?": other}
     policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
-    engine = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(passages_per_search=1, max_turns=12,
+    engine = AgentRollout(policy, tok, FakeSearcher(), RolloutSettings(passages_per_search=1, max_turns=12,
                                                                             max_searches=4))
     trajs = engine.run(prompts(tok, list(scripts)), list(scripts))
     assert [t.finish_reason for t in trajs] == ["answer", "answer"]

@@ -8,7 +8,13 @@ import json
 import pytest
 
 from agentic_rag.cli import main
-from agentic_rag.evaluation.metrics import PredictionFileError, score_predictions, summarize, text_golds
+from agentic_rag.evaluation.metrics import (
+    PredictionFileError,
+    example_metrics,
+    score_predictions,
+    summarize,
+    text_golds,
+)
 from agentic_rag.rewards.accuracy import (
     choice_accuracy,
     cover_exact_match,
@@ -172,6 +178,35 @@ def test_summary_of_records():
     assert s["latency_s"]["p50"] == 2.0 and s["latency_s"]["p99"] == pytest.approx(2.98)
     assert s["judge"]["garbage"] == 1 and s["judge"]["judged"] == 1
     assert s["finish_reasons"] == {"answer": 1, "eos": 1}
+
+
+def test_a_summary_reads_records_written_before_well_formed_was_renamed():
+    old = {"metrics": {"em": 1.0, "format": 1.0}, "num_searches": 1, "num_turns": 2, "finish_reason": "answer"}
+    new = {"metrics": {"em": 0.0, "well_formed": 0.0}, "num_searches": 1, "num_turns": 2, "finish_reason": "eos"}
+    s = summarize([old, new], ["em", "well_formed"])
+    assert s["metrics"] == {"em": 0.5, "well_formed": 0.5} and s["metric_counts"]["well_formed"] == 2
+
+
+def test_example_metrics_dispatch_on_the_registry_names(monkeypatch):
+    from agentic_rag.evaluation import metrics
+    from agentic_rag.rewards.registry import get_scorer, metric_names
+
+    # an answer comparison (a registry scorer with ``compare``) comes from the registry; every other metric has
+    # exactly one function here, and no function is for a name the registry lacks or already computes
+    comparisons = {n for n in metric_names() if get_scorer(n).compare}
+    assert comparisons == {"em", "f1", "cover_em"}
+    assert set(metrics.METRIC_FUNCS) == set(metric_names()) - comparisons
+    out = example_metrics("Paris", ["Paris"], metric_names(), options=None, well_formed=True, judge=True)
+    assert out == {"em": 1.0, "f1": 1.0, "cover_em": 1.0, "judge": 1.0, "choice": None, "well_formed": 1.0}
+    with pytest.raises(ValueError, match=r"unknown metric 'format' \('format' was renamed 'well_formed'\)"):
+        example_metrics("Paris", ["Paris"], ["format"])
+    with pytest.raises(ValueError, match=r"unknown metric 'exact_match' \('exact_match' was renamed 'em'\)"):
+        example_metrics("Paris", ["Paris"], ["exact_match"])
+    with pytest.raises(ValueError, match="unknown metric 'retrieval'"):  # a training reward, not a metric
+        example_metrics("Paris", ["Paris"], ["retrieval"])
+    monkeypatch.delitem(metrics.METRIC_FUNCS, "well_formed")
+    with pytest.raises(NotImplementedError, match="'well_formed' is in the scorer registry .* no function"):
+        example_metrics("Paris", ["Paris"], ["em", "well_formed"])
 
 
 # ------------------------------------------------------------------------------------- real predictions

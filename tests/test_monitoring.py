@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentic_rag.config import LoggingConfig
+from agentic_rag.training.config import LoggingConfig
 from agentic_rag.training.monitoring import init_swanlab, render_table, resolve_mode, sample_table
 
 

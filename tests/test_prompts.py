@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentic_rag.data.prompts import build_prompt
+from agentic_rag.rollout.settings import PromptSettings
 from agentic_rag.serving.conversation import prompt_ids
 
 QUESTION = "Where was Henriette of France born?"
@@ -34,6 +35,8 @@ def test_a_served_conversation_ends_like_the_trained_prompt(qwen2_tokenizer):
     tok = qwen2_tokenizer
     messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "Versailles"},
                 {"role": "user", "content": "And when?"}]
-    ids = prompt_ids(tok, messages, chat=False)
+    plain = PromptSettings(chat_template=False)
+    ids = prompt_ids(tok, messages, prompt=plain)
     assert tok.decode(ids).endswith("User: And when?\nAssistant:")
-    assert tok.decode(prompt_ids(tok, messages[:1], chat=False)) == tok.decode(build_prompt(tok, QUESTION, chat=False))
+    single = prompt_ids(tok, messages[:1], prompt=plain)
+    assert tok.decode(single) == tok.decode(build_prompt(tok, QUESTION, chat=False))

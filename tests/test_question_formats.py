@@ -137,3 +137,49 @@ def test_bad_csv_and_unknown_format(tmp_path):
         read_questions(path)
     with pytest.raises(ValueError, match="unknown question format 'squad'"):
         read_questions(path, format="squad")
+
+
+# ----------------------------------------------------------------------------------- the one JSONL reader
+
+
+def test_the_jsonl_reader_skips_blank_lines_and_names_the_bad_line(tmp_path):
+    from agentic_rag.errors import UserError
+    from agentic_rag.jsonl import FileFormatError, iter_jsonl
+
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n\n  \r\n[2]\r\n"three"\n')  # a byte-order mark, CRLF, blank lines
+    assert list(iter_jsonl(path)) == [(1, {"a": 1}), (4, [2]), (5, "three")]
+    path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(FileFormatError, match=r"x\.jsonl:2: invalid JSON: Expecting value") as info:
+        list(iter_jsonl(path))
+    assert (info.value.path, info.value.line) == (str(path), 2) and isinstance(info.value, UserError)
+    path.write_text('{"question": "q",\n "answer": "a"}\n')
+    with pytest.raises(FileFormatError, match=r":1: invalid JSON: .*one JSON document spread over several lines"):
+        list(iter_jsonl(path))
+    assert str(FileFormatError(path, 0, "a folder")) == f"{path}: a folder"
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    from agentic_rag.evaluation.metrics import PredictionFileError, score_predictions
+    from agentic_rag.jsonl import FileFormatError
+    from agentic_rag.search.corpus import CorpusFormatError, iter_passages
+
+    assert QuestionFormatError is CorpusFormatError is PredictionFileError is FileFormatError
+    latin1 = '{"question": "Where is Zürich?", "answer": "Schweiz"}\n'.encode("latin-1")
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "a"}\n' + latin1)
+    with pytest.raises(QuestionFormatError, match=r"q\.jsonl:2: not UTF-8 text \(byte b'\\xfc' at column 25\): "
+                                                  r"save the file as UTF-8"):
+        read_questions(path)
+    path.write_bytes(b'[{"question": "q", "answer": "a"},\n' + latin1.rstrip(b"\n") + b"]\n")  # a JSON list
+    with pytest.raises(QuestionFormatError, match=r"q\.jsonl:2: not UTF-8 text \(byte b'\\xfc' at column 25\)"):
+        read_questions(path)
+    preds = tmp_path / "p.jsonl"
+    preds.write_bytes(b'{"pred_ans": "a", "answer": "a"}\n{"pred_ans": "Z\xfcrich", "answer": "a"}\n')
+    with pytest.raises(PredictionFileError, match=r"p\.jsonl:2: not UTF-8"):
+        score_predictions(preds)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"id": "1", "contents": "ok"}\n{"id": "2", "contents": "Z\xfcrich"}\n')
+    for skip_bad in (False, True):  # the file's encoding is wrong, not one record: not skipped
+        with pytest.raises(CorpusFormatError, match=r"c\.jsonl:2: not UTF-8"):
+            list(iter_passages(corpus, "pyserini-jsonl", skip_bad=skip_bad))

@@ -45,7 +45,7 @@ def test_word_tokenizer_round_trips_and_reloads_from_a_model_directory(world_tok
 
 def test_expert_trajectories_mask_observations_and_mix_two_hop_behaviour(world_tok, world_dir, tmp_path):
     from agentic_rag.data.prompts import build_prompt
-    from agentic_rag.rollout import RolloutLimits
+    from agentic_rag.rollout import RolloutSettings
     from agentic_rag.search import open_searcher
 
     world, train, tok, _ = world_tok
@@ -57,8 +57,8 @@ def test_expert_trajectories_mask_observations_and_mix_two_hop_behaviour(world_t
     info = write_expert_trajectories(
         rows, tmp_path / "sft.jsonl", tokenizer=tok, searcher=open_searcher(world_dir / "index"),
         prompt_ids=lambda q: build_prompt(tok, q, "agentic", chat=False, system=SYSTEM_PROMPT),
-        limits=RolloutLimits(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=160,
-                             passages_per_search=1, max_observation_tokens=64))
+        settings=RolloutSettings(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=160,
+                                 passages_per_search=1, max_observation_tokens=64))
     assert info["not_ending_as_scripted"] == 0 and info["unknown_tokens"] == 0
     lines = [json.loads(line) for line in open(tmp_path / "sft.jsonl")]
     obs_open, obs_close = (tok.convert_tokens_to_ids(t) for t in ("<observation>", "</observation>"))

@@ -22,20 +22,20 @@ from typing import Any
 import pytest
 import torch
 
-from agentic_rag.rollout import RolloutLimits
+from agentic_rag.rollout import RolloutSettings
 
 SMOL = "smollm2-135m-instruct"
 SYSTEM = "Answer the question by searching."  # the quick start's system prompt
 # the quick start's rollout budgets (experiments/training/world_grpo_smollm2.yaml)
-LIMITS = RolloutLimits(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=200,
+LIMITS = RolloutSettings(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=200,
                        passages_per_search=1, max_observation_tokens=64)
 
 
 @pytest.fixture(scope="module")
 def smol():
     """The tokenizer and the base model (float32, as training loads it), once for the module."""
-    from agentic_rag.config import ModelConfig
     from agentic_rag.models import load_tokenizer
+    from agentic_rag.training.config import ModelConfig
     from agentic_rag.training.model import load_base_model
 
     tok = load_tokenizer(SMOL)
@@ -88,15 +88,18 @@ def run(smol, world_dir, tmp_path_factory) -> Run:
     from agentic_rag.data.questions import read_questions
     from agentic_rag.data.world import generate_world, questions
     from agentic_rag.demo.experts import expert_questions, write_expert_trajectories
-    from agentic_rag.evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
+    from agentic_rag.evaluation.config import DatasetSection, EvalConfig, PolicySection
     from agentic_rag.evaluation.runner import run_evaluation
     from agentic_rag.models import load_causal_lm, save_model
     from agentic_rag.rollout import HFPolicy, SamplingParams
+    from agentic_rag.rollout.settings import PromptSettings
     from agentic_rag.search import open_searcher
+    from agentic_rag.search.settings import SearchSettings
     from agentic_rag.tools import SearchTool
+    from agentic_rag.training.algorithms import algorithm_args
     from agentic_rag.training.rewards import FormatReward, MetricReward
     from agentic_rag.training.sft import build_sft_trainer
-    from agentic_rag.training.trainer import AgenticGRPOTrainer, algorithm_args
+    from agentic_rag.training.trainer import AgenticGRPOTrainer
 
     tok, base = smol
     out = tmp_path_factory.mktemp("real_model")
@@ -116,13 +119,14 @@ def run(smol, world_dir, tmp_path_factory) -> Run:
     rows = expert_questions(world, people, two_hop_correct=1.0, two_hop_samples=1, seed=0)
     rows = random.Random(0).sample(rows, 16)
     info = write_expert_trajectories(
-        rows, out / "experts.jsonl", tokenizer=tok, searcher=searcher, limits=LIMITS,
+        rows, out / "experts.jsonl", tokenizer=tok, searcher=searcher, settings=LIMITS,
         prompt_ids=lambda q: build_prompt(tok, q, "agentic", chat=True, system=SYSTEM))
     assert info["not_ending_as_scripted"] == 0, info
 
     # SFT: a LoRA adapter on the GGUF base, saved by PEFT, loaded back onto the same base
     trainer, _, _ = build_sft_trainer(model=SMOL, data=str(out / "experts.jsonl"), output_dir=str(out / "sft"),
-                                      chat=True, epochs=2, learning_rate=2e-3, batch_size=8, seed=0,
+                                      rollout=LIMITS, prompt=PromptSettings(system_prompt=SYSTEM, chat_template=True),
+                                      epochs=2, learning_rate=2e-3, batch_size=8, seed=0,
                                       base_model=base, tokenizer=tok)
     trainer.train()
     r.sft_losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -151,9 +155,9 @@ def run(smol, world_dir, tmp_path_factory) -> Run:
                       beta=0.0, temperature=1.0, use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
                       report_to=[], **algorithm_args("grpo"))
     grpo = AgenticGRPOTrainer(policy_model, tokenizer=tok, args=args, train_dataset=Dataset.from_list(rows),
-                              reward_funcs=[MetricReward("exact_match"), FormatReward("agentic", eos_tokens=[
-                                  tok.eos_token])], tools=SearchTool(searcher), dialect="agentic", limits=LIMITS,
-                              chat=True, system=SYSTEM)
+                              reward_funcs=[MetricReward("em"), FormatReward("agentic", eos_tokens=[
+                                  tok.eos_token])], tools=SearchTool(searcher), settings=LIMITS,
+                              prompt=PromptSettings(system_prompt=SYSTEM, chat_template=True))
     start = _lora(grpo.model)
     grpo.train()
     after = _lora(grpo.model)
@@ -167,13 +171,10 @@ def run(smol, world_dir, tmp_path_factory) -> Run:
     # greedy evaluation of held-out questions through the evaluation runner
     cfg = EvalConfig(
         name="real-model", dataset=DatasetSection(path=str(world_dir / "world" / "test.jsonl"), limit=4),
-        policy=PolicySection(type="local", model=SMOL, tokenizer=SMOL, temperature=0.0, device="cpu"),
-        search=SearchSection(index=str(world_dir / "index"), k=LIMITS.passages_per_search),
-        rollout=RolloutSection(system_prompt=SYSTEM, chat_template=True, max_turns=LIMITS.max_turns,
-                               max_searches=LIMITS.max_searches, max_tokens_per_turn=LIMITS.max_tokens_per_turn,
-                               max_completion_tokens=LIMITS.max_completion_tokens,
-                               max_observation_tokens=LIMITS.max_observation_tokens, batch_size=4),
-        metrics=["em", "f1", "format"], output_dir=str(out / "eval"), seed=0)
+        policy=PolicySection(type="local", model=SMOL, tokenizer=SMOL, device="cpu"),
+        search=SearchSettings(index=str(world_dir / "index")), rollout=LIMITS,
+        prompt=PromptSettings(system_prompt=SYSTEM, chat_template=True), batch_size=4,
+        metrics=["em", "f1", "well_formed"], output_dir=str(out / "eval"), seed=0)
     policy = HFPolicy(policy_model, tok, SamplingParams(do_sample=False), return_logprobs=False)
     r.eval_summary = run_evaluation(cfg, policy=policy, tokenizer=tok, searcher=searcher, progress=False,
                                     overwrite=True)
@@ -210,8 +211,8 @@ def test_greedy_evaluation_of_held_out_questions(run):
     assert len(records) == 4 and all(r["num_searches"] >= 1 for r in records), records
     # every prediction is scored, and the SFT'd model (4 SFT steps: the search habit, not yet the task) answers
     # some: zero-shot it neither searches nor writes an answer tag
-    assert all({"em", "f1", "format"} <= set(r["metrics"]) for r in records)
-    assert all(0.0 <= r["metrics"][m] <= 1.0 for r in records for m in ("em", "f1", "format"))
+    assert all({"em", "f1", "well_formed"} <= set(r["metrics"]) for r in records)
+    assert all(0.0 <= r["metrics"][m] <= 1.0 for r in records for m in ("em", "f1", "well_formed"))
     assert any(r["prediction"] for r in records), records
     assert s["this_session"]["examples"] == 4
 

@@ -10,12 +10,12 @@ import threading
 
 import pytest
 
-from agentic_rag.config import ExperimentConfig, JudgeConfig, RewardSpec
 from agentic_rag.data.prompts import build_prompt
 from agentic_rag.rewards.curriculum import Curriculum
 from agentic_rag.rewards.format import RULES, check_format
 from agentic_rag.rewards.rag import RetrievalQuality, RetrievedContext, contexts_from_events
 from agentic_rag.rollout.protocol import ActionKind, get_dialect
+from agentic_rag.training.config import ExperimentConfig, JudgeConfig, RewardSpec
 from agentic_rag.training.rewards import FormatReward, build_rewards, make_reward
 from conftest import shared
 
@@ -92,7 +92,7 @@ def test_rewards_on_real_r1_searcher_rollouts(r1_rows):
     cfg.rollout.dialect = "r1-searcher"
     cover = make_reward(RewardSpec("cover_em"), cfg)(None, None, None, trajectory=views, answers=answers)
     f1 = make_reward(RewardSpec("f1"), cfg)(None, None, None, trajectory=views, answers=answers)
-    em = make_reward(RewardSpec("exact_match"), cfg)(None, None, None, trajectory=views, answers=answers)
+    em = make_reward(RewardSpec("em"), cfg)(None, None, None, trajectory=views, answers=answers)
     assert sum(cover) / len(cover) == pytest.approx(0.634, abs=1e-3)  # the paper's ACC_R-style number
     assert sum(em) / len(em) == pytest.approx(0.582, abs=1e-3)
     assert 0.65 < sum(f1) / len(f1) < 0.75
@@ -223,13 +223,13 @@ def _shown(tok, t):
 def test_ragas_judges_the_passages_as_the_observation_showed_them(qwen_tokenizer, budget):
     """Every chunk the model was shown is judged (not a title's first chunk only), with exactly the text the
     observation held: all of a long passage when it was shown whole, the kept part when it was cut."""
-    from agentic_rag.rollout import AgentRollout, RolloutLimits
+    from agentic_rag.rollout import AgentRollout, RolloutSettings
     from agentic_rag.rollout.scripted import ScriptedPolicy
 
     tok = qwen_tokenizer
-    limits = RolloutLimits(max_observation_tokens=budget, max_completion_tokens=2048)
+    limits = RolloutSettings(max_observation_tokens=budget, max_completion_tokens=2048)
     policy = ScriptedPolicy(tok, {"Henriette?": ["<search>Henriette</search>", "<answer>1752</answer>"]})
-    (t,) = AgentRollout(policy, tok, _ChunkedSearcher(), "agentic", limits).run(
+    (t,) = AgentRollout(policy, tok, _ChunkedSearcher(), limits).run(
         [build_prompt(tok, "Henriette?")], ["Henriette?"])
     ctx = contexts_from_events(t.events, "Henriette?", t.answer, ["Henriette of France"])
     shown = _shown(tok, t)
@@ -293,7 +293,7 @@ def test_cover_em_tokens_is_a_training_reward():
 
 
 def _config(rewards, **extra):
-    from agentic_rag.config import config_from_dict
+    from agentic_rag.training.config import config_from_dict
 
     data = {"model": {"name_or_path": "m"}, "data": {"train_file": "t.jsonl"}, "search": {"index": "i"},
             "rewards": rewards, **extra}
@@ -311,7 +311,7 @@ def test_cover_em_as_a_training_reward_warns_once_at_the_config_check(caplog):
     with caplog.at_level(logging.WARNING, logger="agentic_rag"):
         _config([{"name": "cover_em_tokens", "params": {"max_extra_tokens": 2}}, {"name": "format"}])
     assert not [r for r in caplog.records if "cover_em" in r.getMessage()]
-    from agentic_rag.config import ConfigError
+    from agentic_rag.training.config import ConfigError
 
     with pytest.raises(ConfigError, match="rewards.0..params.max_extra_tokens must be int"):
         _config([{"name": "cover_em_tokens", "params": {"max_extra_tokens": "two"}}])
@@ -410,3 +410,40 @@ def test_judge_reward_falls_back_and_says_so(fake_llm, caplog):
     assert "LLM judge failed on 2 of 2 completions; scored them with cover_em" in caplog.text
     _FakeLLM.status = 500
     assert reward(None, None, None, **kw) == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------- the registry
+
+
+def test_every_reward_name_of_the_registry_builds_and_no_builder_lacks_a_name():
+    from agentic_rag.rewards.registry import get_scorer, reward_names
+    from agentic_rag.training.rewards import BUILDERS
+
+    # an answer comparison (a registry scorer with ``compare``) is built from the registry alone; every other
+    # reward has exactly one builder, and no builder is for a name the registry lacks or already builds
+    comparisons = {n for n in reward_names() if get_scorer(n).compare}
+    assert comparisons >= {"em", "f1", "cover_em", "cover_em_tokens"}
+    assert set(BUILDERS) == set(reward_names()) - comparisons
+    cfg = ExperimentConfig()
+    for name in reward_names():
+        if name in ("judge", "ragas"):  # they open an LLM endpoint or start the accelerate state
+            continue
+        assert make_reward(RewardSpec(name), cfg).__name__ == name
+
+
+def test_a_registry_reward_without_a_builder_fails_loudly(monkeypatch):
+    from agentic_rag.training import rewards
+
+    monkeypatch.delitem(rewards.BUILDERS, "retrieval")
+    with pytest.raises(NotImplementedError, match="'retrieval' is in the scorer registry .* no builder"):
+        make_reward(RewardSpec("retrieval"), ExperimentConfig())
+
+
+def test_an_unknown_reward_names_the_known_ones_and_a_renamed_one_its_new_name():
+    with pytest.raises(ValueError, match=r"unknown reward 'cover-em' \(did you mean 'cover_em'\?\); known rewards: "
+                                         r"em, f1, cover_em, "):
+        make_reward(RewardSpec("cover-em"), ExperimentConfig())
+    with pytest.raises(ValueError, match="unknown reward 'well_formed'"):  # an evaluation metric, not a reward
+        make_reward(RewardSpec("well_formed"), ExperimentConfig())
+    with pytest.raises(ValueError, match=r"unknown reward 'exact_match' \('exact_match' was renamed 'em'\)"):
+        make_reward(RewardSpec("exact_match"), ExperimentConfig())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from agentic_rag.data.prompts import build_prompt
-from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams
+from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutSettings, SamplingParams
 from agentic_rag.rollout.decoding import STOP_EOS
 from agentic_rag.rollout.scoring import completion_logprobs
 from agentic_rag.rollout.scripted import ScriptedPolicy
@@ -43,9 +44,10 @@ def prompts(tok, questions, **kw):
 
 
 def run(tok, scripts, searcher=None, limits=None, dialect="agentic", **kw):
+    """``limits``: RolloutSettings (its dialect replaced by ``dialect``); ``kw``: AgentRollout's keywords."""
     policy = ScriptedPolicy(tok, scripts)
-    engine = AgentRollout(policy, tok, searcher if searcher is not None else FakeSearcher(), dialect,
-                          limits or RolloutLimits(), **kw)
+    settings = dataclasses.replace(limits or RolloutSettings(), dialect=dialect)
+    engine = AgentRollout(policy, tok, searcher if searcher is not None else FakeSearcher(), settings, **kw)
     qs = list(scripts)
     return engine.run(prompts(tok, qs), qs), policy, engine
 
@@ -62,7 +64,7 @@ def test_masks_are_exact_token_by_token(qwen_tokenizer):
     turn1 = "<think>I need the capital.</think>\n<search>capital of Freedonia</search>"
     turn2 = "<think>It says Fredville.</think>\n<answer>Fredville</answer>"
     (t,), _, engine = run(tok, {"What is the capital of Freedonia?": [turn1, turn2]},
-                          limits=RolloutLimits(passages_per_search=2))
+                          limits=RolloutSettings(passages_per_search=2))
     assert t.finish_reason == "answer" and t.answer == "Fredville" and t.num_searches == 1
     obs_text = engine.dialect.wrap_observation(engine.dialect.format_passages(
         [Hit("capital of Freedonia-0", "Title capital of Freedonia 0", "Passage 0 about capital of Freedonia.", 1),
@@ -152,7 +154,7 @@ def test_multi_query_search_is_one_batch_call(qwen_tokenizer):
     tok = qwen_tokenizer
     searcher = FakeSearcher()
     (t,), _, _ = run(tok, {"Multi?": ["<search>alpha\nbeta | gamma</search>", "<answer>x</answer>"]}, searcher,
-                     RolloutLimits(passages_per_search=1))
+                     RolloutSettings(passages_per_search=1))
     assert searcher.calls == [["alpha", "beta", "gamma"]]
     obs = next(txt for src, txt in segment_texts(tok, t) if src == ENV)
     for q in ("alpha", "beta", "gamma"):
@@ -167,26 +169,26 @@ def test_multi_query_search_is_one_batch_call(qwen_tokenizer):
 
 def test_max_turns(qwen_tokenizer):
     (t,), _, _ = run(qwen_tokenizer, {"Loop?": ["<search>a</search>", "<search>b</search>", "<search>c</search>"]},
-                     limits=RolloutLimits(max_turns=2, max_searches=10))
+                     limits=RolloutSettings(max_turns=2, max_searches=10))
     assert t.finish_reason == "max_turns" and t.num_turns == 2 and t.num_searches == 2
 
 
 def test_max_searches(qwen_tokenizer):
     # the default (a notice, then the model may answer) is pinned in test_memory_stack.py
     (t,), _, _ = run(qwen_tokenizer, {"Many?": ["<search>a</search>", "<search>b</search>", "<answer>z</answer>"]},
-                     limits=RolloutLimits(max_searches=1, on_search_limit="end"))
+                     limits=RolloutSettings(max_searches=1, on_search_limit="end"))
     assert t.finish_reason == "max_searches" and t.num_searches == 1
     assert any(e["type"] == "limit" and e["name"] == "max_searches" for e in t.events)
 
 
 def test_turn_token_limit(qwen_tokenizer):
     (t,), _, _ = run(qwen_tokenizer, {"Long?": ["word " * 50 + "<answer>x</answer>"]},
-                     limits=RolloutLimits(max_tokens_per_turn=10))
+                     limits=RolloutSettings(max_tokens_per_turn=10))
     assert t.finish_reason == "turn_token_limit" and len(t.completion_ids) == 10
 
 
 def test_max_completion_tokens_counts_observations_too(qwen_tokenizer):
-    limits = RolloutLimits(max_completion_tokens=60, max_tokens_per_turn=40, max_observation_tokens=200)
+    limits = RolloutSettings(max_completion_tokens=60, max_tokens_per_turn=40, max_observation_tokens=200)
     (t,), _, _ = run(qwen_tokenizer, {"Budget?": ["<search>a</search>", "<search>b</search>", "<answer>z</answer>"]},
                      limits=limits)
     assert t.finish_reason == "max_completion_tokens"
@@ -195,7 +197,7 @@ def test_max_completion_tokens_counts_observations_too(qwen_tokenizer):
 
 def test_observation_is_truncated_cleanly(qwen_tokenizer):
     tok = qwen_tokenizer
-    limits = RolloutLimits(passages_per_search=3, max_observation_tokens=40)
+    limits = RolloutSettings(passages_per_search=3, max_observation_tokens=40)
     long = FakeSearcher()
     long.batch_search = lambda qs, k=10: [[Hit(f"d{i}", f"T{i}", "lorem ipsum dolor " * 40, 1.0)
                                            for i in range(3)] for _ in qs]
@@ -211,16 +213,18 @@ def test_observation_is_truncated_cleanly(qwen_tokenizer):
 def test_passages_already_shown_are_not_repeated(qwen_tokenizer):
     tok = qwen_tokenizer
     (t,), _, _ = run(tok, {"Again?": ["<search>same</search>", "<search>same</search>", "<answer>z</answer>"]},
-                     limits=RolloutLimits(passages_per_search=2))
+                     limits=RolloutSettings(passages_per_search=2))
     searches = [e for e in t.events if e["type"] == "search"]
     first = [h["docid"] for h in searches[0]["results"][0]["hits"]]
     second = [h["docid"] for h in searches[1]["results"][0]["hits"]]
     assert first == ["same-0", "same-1"] and second == ["same-2", "same-3"]
 
 
-def test_limits_are_validated():
+def test_limits_are_validated(qwen_tokenizer):
+    """An engine built in code gets the refusals a config file gets, every problem at once."""
     with pytest.raises(ValueError, match="max_turns must be >= 1.*max_observation_tokens must be >= 16"):
-        RolloutLimits(max_turns=0, max_observation_tokens=4)
+        AgentRollout(ScriptedPolicy(qwen_tokenizer, {}), qwen_tokenizer, None,
+                     RolloutSettings(max_turns=0, max_observation_tokens=4))
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -256,7 +260,7 @@ def test_a_query_the_index_rejects_fails_alone_in_a_real_lucene_batch(qwen_token
     previous = set_max_clause_count(1024)
     try:
         trajs, _, _ = run(tok, scripts, open_searcher(wiki_index, "bm25"),
-                          RolloutLimits(max_tokens_per_turn=8000, max_completion_tokens=12000))
+                          RolloutSettings(max_tokens_per_turn=8000, max_completion_tokens=12000))
     finally:
         set_max_clause_count(previous)
     bad_t, good_t = trajs
@@ -272,7 +276,7 @@ def test_slow_search_times_out(qwen_tokenizer):
     tok = qwen_tokenizer
     t0 = time.time()
     (t,), _, _ = run(tok, {"Slow?": ["<search>x</search>", "<answer>late</answer>"]}, FakeSearcher(delay=2.0),
-                     RolloutLimits(search_timeout_s=0.3))
+                     search_timeout_s=0.3)
     assert time.time() - t0 < 1.9
     assert t.finish_reason == "answer"
     assert any(e["type"] == "error" and "timed out after 0.3 s" in e["message"] for e in t.events)
@@ -285,7 +289,7 @@ def test_odd_queries(qwen_tokenizer, wiki_index, query):
     searcher = open_searcher(wiki_index, "bm25")
     policy = ScriptedPolicy(tok, {"Odd?": ["<search>PLACEHOLDER</search>", "<answer>x</answer>"]})
     policy.scripts["Odd?"][0] = f"<search>{query}</search>"
-    (t,) = AgentRollout(policy, tok, searcher, limits=RolloutLimits(max_tokens_per_turn=8000,
+    (t,) = AgentRollout(policy, tok, searcher, settings=RolloutSettings(max_tokens_per_turn=8000,
                                                                      max_completion_tokens=12000)).run(
         [build_prompt(tok, "Odd?")])
     assert t.finish_reason == "answer" and t.num_searches == 1
@@ -338,7 +342,7 @@ def test_summary_replaces_earlier_observations(qwen_tokenizer):
     assert "Passage 0 about topic" in seen[1] and "Passage 0 about topic" not in seen[2]
     assert seen[2].split("<|im_start|>assistant\n", 1)[1].startswith("\n\n<observation>\nSummary")
     assert "Summary of the earlier steps: topic is 7" in seen[2]
-    (k,) = AgentRollout(ScriptedPolicy(tok, scripts), tok, FakeSearcher(), summary_mode="keep").run(
+    (k,) = AgentRollout(ScriptedPolicy(tok, scripts), tok, FakeSearcher(), RolloutSettings(summary_mode="keep")).run(
         [build_prompt(tok, "Summarise?")])
     assert k.is_linear
 
@@ -350,7 +354,7 @@ def test_search_r1_dialect(qwen_tokenizer):
     tok = qwen_tokenizer
     scripts = {"SR1?": ["<think>need info</think>\n<search> Fort Hood 2009 </search>",
                         "<think>got it</think>\n<answer> Nidal Hasan </answer>"]}
-    (t,), _, engine = run(tok, scripts, dialect="search-r1", limits=RolloutLimits(passages_per_search=2))
+    (t,), _, engine = run(tok, scripts, dialect="search-r1", limits=RolloutSettings(passages_per_search=2))
     obs = [txt for src, txt in segment_texts(tok, t) if src == ENV][0]
     assert obs.startswith("\n\n<information>\nDoc 1(Title: \"Title Fort Hood 2009 0\") Passage 0 about Fort Hood 2009.")
     assert obs.endswith("</information>\n\n") and t.answer == "Nidal Hasan"
@@ -373,8 +377,9 @@ def test_r1_searcher_dialect_replays_a_real_rollout(qwen_tokenizer, wiki_index):
     turns.append(rest)
     tok = qwen_tokenizer
     policy = ScriptedPolicy(tok, {row["question"]: turns})
-    engine = AgentRollout(policy, tok, open_searcher(wiki_index, "bm25"), "r1-searcher",
-                          RolloutLimits(max_tokens_per_turn=1024, max_completion_tokens=4096))
+    engine = AgentRollout(policy, tok, open_searcher(wiki_index, "bm25"),
+                          RolloutSettings(dialect="r1-searcher", max_tokens_per_turn=1024,
+                                          max_completion_tokens=4096))
     (t,) = engine.run([build_prompt(tok, row["question"], "r1-searcher")])
     assert t.finish_reason == "answer" and t.answer == row["pred_ans"] == "Nidal Malik Hasan"
     search = next(e for e in t.events if e["type"] == "search")
@@ -453,7 +458,7 @@ def test_logprobs_recomputed_the_training_way_equal_the_rollouts(qwen_tokenizer,
         script = ["<think>look</think><search>alpha</search>", "<search>beta</search>", "<answer>b</answer>"]
     scripts = {"Consistent?": script, "Other question?": ["<search>gamma</search>", "<answer>g</answer>"]}
     policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
-    engine = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(passages_per_search=1))
+    engine = AgentRollout(policy, tok, FakeSearcher(), settings=RolloutSettings(passages_per_search=1))
     trajs = engine.run(prompts(tok, list(scripts)), list(scripts))
     assert [t.finish_reason for t in trajs] == ["answer", "answer"]
     assert (not trajs[0].is_linear) == backtrack
@@ -480,7 +485,7 @@ def test_sampled_rollout_logprobs_match_with_temperature(qwen_tokenizer, tiny_qw
     tok = qwen_tokenizer
     torch.manual_seed(1)
     policy = HFPolicy(tiny_qwen, tok, SamplingParams(do_sample=True, temperature=0.7, top_p=0.9, top_k=50))
-    engine = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(max_tokens_per_turn=24))
+    engine = AgentRollout(policy, tok, FakeSearcher(), settings=RolloutSettings(max_tokens_per_turn=24))
     qs = ["A?", "Bee bee?", "Sea sea sea?"]
     trajs = engine.run(prompts(tok, qs), qs)
     recomputed = completion_logprobs(tiny_qwen, trajs, pad_id=tok.pad_token_id, temperature=0.7)
@@ -622,7 +627,7 @@ def test_only_passages_the_observation_kept_count_as_shown(qwen_tokenizer):
     """A passage cut off by truncation is not 'shown': the event lists it as cut and a later search may bring
     it back; one cut partway counts as shown and is marked partial."""
     tok = qwen_tokenizer
-    limits = RolloutLimits(passages_per_search=3, max_observation_tokens=45)
+    limits = RolloutSettings(passages_per_search=3, max_observation_tokens=45)
     (t,), _, _ = run(tok, {"Cut?": ["<search>x</search>", "<search>x</search>", "<answer>y</answer>"]},
                      LongPassages(), limits)
     first_obs = [txt for src, txt in segment_texts(tok, t) if src == ENV][0]
@@ -643,13 +648,15 @@ def test_an_observation_that_does_not_fit_ends_the_trajectory(qwen_tokenizer, ti
     first = ("<summary>" + "the topic is seven " * 3 + "</summary>") if case == "summary" else "<search>x</search>"
     scripts = {"Full?": [first, "more words here", "<answer>z</answer>"]}
     room = 5  # fewer tokens than the observation's tags need
-    limits = RolloutLimits(max_completion_tokens=len(tok(first, add_special_tokens=False)["input_ids"]) + room,
-                           min_turn_tokens=1, max_observation_tokens=16)
+    budget = len(tok(first, add_special_tokens=False)["input_ids"]) + room
+    limits = RolloutSettings(max_completion_tokens=budget, max_tokens_per_turn=min(256, budget),
+                             max_observation_tokens=16)
     if case == "search_real_model":
         policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
-        (t,) = AgentRollout(policy, tok, FakeSearcher(), limits=limits).run(prompts(tok, ["Full?"]), ["Full?"])
+        (t,) = AgentRollout(policy, tok, FakeSearcher(), limits, min_turn_tokens=1).run(prompts(tok, ["Full?"]),
+                                                                                        ["Full?"])
     else:
-        (t,), policy, _ = run(tok, scripts, limits=limits)
+        (t,), policy, _ = run(tok, scripts, limits=limits, min_turn_tokens=1)
         assert policy.calls == [1]  # no second turn
     assert t.finish_reason == "max_completion_tokens" and t.num_turns == 1
     assert [s.source for s in t.segments] == [MODEL] and t.env_mask == [1] * len(t.completion_ids)
@@ -679,7 +686,7 @@ def test_logprobs_with_repetition_penalty_are_what_the_trainer_recomputes(qwen_t
         torch.manual_seed(5)
         policy = HFPolicy(tiny_qwen, tok, SamplingParams(temperature=0.7, repetition_penalty=penalty))
         with caplog.at_level("WARNING", logger="agentic_rag.rollout.policy"):
-            trajs = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(max_tokens_per_turn=24)).run(
+            trajs = AgentRollout(policy, tok, FakeSearcher(), settings=RolloutSettings(max_tokens_per_turn=24)).run(
                 prompts(tok, qs), qs)
         recomputed = completion_logprobs(tiny_qwen, trajs, pad_id=tok.pad_token_id, temperature=0.7)
         for t, lp in zip(trajs, recomputed, strict=True):
@@ -707,12 +714,12 @@ def test_masks_are_exact_with_multi_token_tags(qwen2_tokenizer, tiny_qwen, real_
     ids1, ids2 = (tok(x, add_special_tokens=False)["input_ids"] for x in (turn1, turn2))
     assert tok.decode(ids1[-1:]) == ">\n\n"  # the stop string ends inside the turn's last token
     scripts = {"What is the capital of Freedonia?": [turn1, turn2]}
-    limits = RolloutLimits(passages_per_search=1)
+    limits = RolloutSettings(passages_per_search=1)
     if real_model:
         policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
     else:
         policy = ScriptedPolicy(tok, scripts)
-    engine = AgentRollout(policy, tok, FakeSearcher(), limits=limits)
+    engine = AgentRollout(policy, tok, FakeSearcher(), settings=limits)
     (t,) = engine.run(prompts(tok, list(scripts)), list(scripts))
     assert t.finish_reason == "answer" and t.answer == "Fredville" and t.num_searches == 1
     obs_text = engine.dialect.wrap_observation(engine.dialect.format_passages(
@@ -804,7 +811,7 @@ def test_cache_surgery_keeps_every_logprob_exact(qwen_tokenizer, monkeypatch):
         "Twin two?": ["<search>rite</search>", "<answer>r</answer>"],
     }
     policy = ForcedHFPolicy(tiny_qwen, tok, scripts)
-    engine = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(passages_per_search=2,
+    engine = AgentRollout(policy, tok, FakeSearcher(), settings=RolloutSettings(passages_per_search=2,
                                                                             max_tokens_per_turn=256))
     trajs = engine.run(prompts(tok, list(scripts)), list(scripts))
     assert [t.finish_reason for t in trajs] == ["answer"] * 6

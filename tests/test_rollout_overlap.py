@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutHooks, RolloutLimits, SamplingParams
+from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutHooks, RolloutSettings, SamplingParams
 from test_rollout import FakeSearcher, ForcedHFPolicy, prompts
 
 
@@ -68,7 +68,7 @@ def test_a_search_overlaps_exactly_one_decode_step_and_runs_are_reproducible(qwe
         tokens: list[tuple[float, int, int]] = []
         hooks = RolloutHooks(on_token=lambda i, token: tokens.append((time.monotonic(), i, token)))
         torch.manual_seed(3)
-        with AgentRollout(policy, tok, searcher, limits=RolloutLimits(max_tokens_per_turn=40,
+        with AgentRollout(policy, tok, searcher, settings=RolloutSettings(max_tokens_per_turn=40,
                                                                        passages_per_search=1)) as engine:
             trajs = engine.run(prompts(tok, qs), qs, hooks)
         return trajs, tokens, searcher

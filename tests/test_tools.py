@@ -11,7 +11,7 @@ import urllib.parse
 import pytest
 
 from agentic_rag.data.prompts import build_prompt
-from agentic_rag.rollout import AgentRollout, RolloutLimits
+from agentic_rag.rollout import AgentRollout, RolloutSettings
 from agentic_rag.rollout.protocol import ToolTag, agentic_dialect
 from agentic_rag.rollout.scripted import ScriptedPolicy
 from agentic_rag.search.client import HTTPSearcher
@@ -67,7 +67,7 @@ def test_web_search_tool_against_a_configurable_api(web_api, qwen_tokenizer):
     dialect.tool_tags.append(ToolTag("<web>", "</web>", "web_search"))
     tok = qwen_tokenizer
     policy = ScriptedPolicy(tok, {"Web?": ["<web>cats</web>", "<web>boom</web>", "<answer>meow</answer>"]})
-    engine = AgentRollout(policy, tok, ToolRegistry([tool]), dialect, RolloutLimits(passages_per_search=1))
+    engine = AgentRollout(policy, tok, ToolRegistry([tool]), RolloutSettings(passages_per_search=1), dialect=dialect)
     (t,) = engine.run([build_prompt(tok, "Web?")])
     assert t.finish_reason == "answer" and t.num_searches == 2
     assert "(1) Page 0 on cats\nsnippet 0" in t.text
@@ -91,7 +91,7 @@ def test_user_defined_tools_registered_by_name(qwen_tokenizer):
     dialect.tool_tags.append(ToolTag("<calc>", "</calc>", "calculator"))
     tok = qwen_tokenizer
     policy = ScriptedPolicy(tok, {"Math?": ["<calc>6 * 7</calc>", "<answer>42</answer>"]})
-    (t,) = AgentRollout(policy, tok, registry, dialect).run([build_prompt(tok, "Math?")])
+    (t,) = AgentRollout(policy, tok, registry, dialect=dialect).run([build_prompt(tok, "Math?")])
     assert "<observation>\n42\n</observation>" in t.text and t.answer == "42"
     assert "</calc>" in dialect.stop_strings
 
@@ -149,10 +149,10 @@ def test_hung_tool_calls_never_starve_later_calls(qwen_tokenizer):
 
     n = 6  # the engine used to run tools on a pool of 4 workers
     script = [f"<search>hang{j}</search>" for j in range(n)] + ["<search>fine</search>", "<answer>ok</answer>"]
-    limits = RolloutLimits(search_timeout_s=0.3, max_searches=n + 1, max_turns=n + 2, passages_per_search=1)
+    limits = RolloutSettings(max_searches=n + 1, max_turns=n + 2, passages_per_search=1)
     tools = ToolRegistry([FunctionTool("search", search, batched=True)])
     try:
-        with AgentRollout(ScriptedPolicy(tok, {"Hang?": script}), tok, tools, limits=limits) as engine:
+        with AgentRollout(ScriptedPolicy(tok, {"Hang?": script}), tok, tools, limits, search_timeout_s=0.3) as engine:
             t0 = time.monotonic()
             (t,) = engine.run([build_prompt(tok, "Hang?")])
             elapsed = time.monotonic() - t0

@@ -1,8 +1,10 @@
 """A trained adapter is served and evaluated with the settings it was trained with (``agentic_rag.json`` beside
-its weights) unless the user sets them, and the chat server's default reply length fits the model's context."""
+its weights: its ``rollout`` and ``prompt`` sections) unless the user sets them, each override logged; and the chat
+server's default reply length fits the model's context."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -12,17 +14,39 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentic_rag.rollout.trained_settings import SETTINGS_FILE, TrainedSettings, find_trained_settings
+from agentic_rag.rollout.settings import PromptSettings, RolloutSettings
+from agentic_rag.rollout.trained_settings import (
+    SETTINGS_FILE,
+    find_settings,
+    read_settings,
+    resolved_prompt,
+    write_settings,
+)
+from agentic_rag.settings import SettingsError
 from conftest import ROOT, free_port, tiny_qwen_config
 from test_chat_service import clean_env, process
-from test_launch import config
 
 SYSTEM = "Answer the question by searching."
-TRAINED = TrainedSettings(dialect="search-r1", language="en", system_prompt=SYSTEM, chat_template=False,
-                          summary_mode="keep", max_turns=3, max_searches=2, max_tokens_per_turn=40,
-                          max_completion_tokens=200, passages_per_search=1, max_observation_tokens=64,
-                          on_search_limit="end", written_by="grpo")
+ROLLOUT = RolloutSettings(dialect="search-r1", max_turns=3, max_searches=2, on_search_limit="end",
+                          max_tokens_per_turn=40, max_completion_tokens=200, passages_per_search=1,
+                          max_observation_tokens=64, summary_mode="keep", dedup_passages=False)
+PROMPT = PromptSettings(language="en", system_prompt=SYSTEM, chat_template=False)
 QUESTION = "Where was Grorfeik Feil born?"
+
+
+def flat(rollout: RolloutSettings, prompt: PromptSettings) -> dict:
+    """The settings by dotted name, as :func:`read_settings` returns them."""
+    return {**{f"rollout.{k}": v for k, v in dataclasses.asdict(rollout).items()},
+            **{f"prompt.{k}": v for k, v in dataclasses.asdict(prompt).items()}}
+
+
+def parsed(argv: list[str], env: dict[str, str]):
+    """The chat server's config and its trained-settings lines, as ``agentic-rag serve`` resolves them."""
+    from agentic_rag.serving.config import build_parser, resolve
+
+    parser, dests = build_parser()
+    cfg, _, lines = resolve(parser.parse_args(argv), dests, env, check_files=False)
+    return cfg, lines
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +66,7 @@ def short_model_dir(qwen_tokenizer, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def short_adapter_dir(short_model_dir, tmp_path_factory) -> Path:
-    """A LoRA adapter on it, saved with settings as SFT writes them: the prompt, no rollout limits."""
+    """A LoRA adapter on it, saved with its settings as SFT writes them (format 2, every setting)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -52,114 +76,292 @@ def short_adapter_dir(short_model_dir, tmp_path_factory) -> Path:
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(short_model_dir),
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     model.save_pretrained(d)
-    TrainedSettings(dialect="agentic", language="en", system_prompt=SYSTEM, chat_template=False, passages_per_search=1,
-                    max_observation_tokens=64, max_turns=4, written_by="sft").write(d)
+    write_settings(d, RolloutSettings(dialect="agentic", passages_per_search=1, max_observation_tokens=64,
+                                      max_turns=4), PROMPT, written_by="sft")
     return d
 
 
 # ------------------------------------------------------------------------------------------- the file
 
 
-def test_settings_file_round_trip_and_errors(tmp_path):
-    path = TRAINED.write(tmp_path)
+def test_settings_file_round_trip(tmp_path):
+    path = write_settings(tmp_path, ROLLOUT, PROMPT, written_by="grpo")
     assert path == tmp_path / SETTINGS_FILE
-    assert TrainedSettings.read(path) == TRAINED
-    assert json.loads(path.read_text())["format"] == 1
+    data = json.loads(path.read_text())
+    assert data == {"format": 2, "written_by": "grpo", "rollout": dataclasses.asdict(ROLLOUT),
+                    "prompt": dataclasses.asdict(PROMPT)}
+    assert read_settings(path) == flat(ROLLOUT, PROMPT)
     other = tmp_path / "model"
     other.mkdir()
-    assert find_trained_settings(None, tmp_path / "none", other) is None
-    assert find_trained_settings(other, tmp_path) == (TRAINED, path)
-    path.write_text('{"max_turns": "four"}')
-    with pytest.raises(ValueError, match="max_turns must be int, got 'four'"):
-        TrainedSettings.read(path)
+    assert find_settings(None, tmp_path / "none", other) is None
+    assert find_settings(other, tmp_path) == (flat(ROLLOUT, PROMPT), path)  # the first directory that has one
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+
+def test_format_1_files_of_earlier_versions_still_load(tmp_path):
+    """Earlier versions wrote flat names (format 1): GRPO every setting but dedup_passages, SFT the dialect alone
+    (or what it knew)."""
+    grpo = tmp_path / "grpo"
+    grpo.mkdir()
+    (grpo / SETTINGS_FILE).write_text(json.dumps({
+        "format": 1, "written_by": "grpo", "dialect": "search-r1", "language": "en", "system_prompt": SYSTEM,
+        "chat_template": False, "summary_mode": "keep", "max_turns": 3, "max_searches": 2, "max_tokens_per_turn": 40,
+        "max_completion_tokens": 200, "passages_per_search": 1, "max_observation_tokens": 64,
+        "on_search_limit": "end"}))
+    got = read_settings(grpo / SETTINGS_FILE)
+    assert got == {k: v for k, v in flat(ROLLOUT, PROMPT).items() if k != "rollout.dedup_passages"}
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / SETTINGS_FILE).write_text(json.dumps({"format": 1, "written_by": "sft", "dialect": "r1-searcher"}))
+    assert read_settings(sft / SETTINGS_FILE) == {"rollout.dialect": "r1-searcher"}
+    # no "format" at all: the first files had none
+    (sft / SETTINGS_FILE).write_text(json.dumps({"dialect": "r1-searcher", "max_turns": 5}))
+    assert read_settings(sft / SETTINGS_FILE) == {"rollout.dialect": "r1-searcher", "rollout.max_turns": 5}
+    # such a file fills what it knows; the rest keeps its default
+    cfg, lines = parsed(["--model", "/m", "--adapter", str(sft), "--index", "/i"], {})
+    assert cfg.rollout == RolloutSettings(dialect="r1-searcher", max_turns=5) and cfg.prompt == PromptSettings()
+    assert lines == [f"trained settings from {sft / SETTINGS_FILE}: 2 taken, 0 overridden"]
+
+
+@pytest.mark.parametrize("text,said", [
+    ('{"format": 2, "rollout": {"max_turns": "four"}}', "rollout.max_turns must be an integer, got 'four'"),
+    ('{"format": 2, "rollout": {"dialect": "agentik"}}', "rollout.dialect must be one of"),
+    ('{"format": 2, "rollout": {"max_turn": 4}}', "rollout.max_turn is not a setting; did you mean 'max_turns'?"),
+    ('{"format": 2, "sampling": {"temperature": 1}}', "unknown section(s) sampling in the trained settings"),
+    ('{"max_turns": 0}', "rollout.max_turns must be >= 1, got 0"),
+    ('{"format": 3, "rollout": {}}', "trained settings format 3, newer than this version of agentic-rag reads (2): "
+                                     "upgrade agentic-rag"),
+    ('{"format": "2"}', "trained settings format '2'"),
+    ('{"format": 2, "rollout": {"max_tur', "cannot read the trained settings"),
+    ("[1, 2]", "the trained settings must be a JSON object, got list"),
+])
+def test_a_newer_or_damaged_file_is_refused_naming_the_file(tmp_path, text, said):
+    path = tmp_path / SETTINGS_FILE
+    path.write_text(text)
+    with pytest.raises(SettingsError) as err:
+        read_settings(path)
+    assert said in str(err.value) and str(path) in str(err.value)
+    # the commands that read it say the same, naming the file and what it is
+    with pytest.raises(SettingsError) as err:
+        parsed(["--model", "/m", "--adapter", str(tmp_path), "--index", "/i"], {})
+    assert f"--adapter: {path}: {said}" in str(err.value)
+    from agentic_rag.evaluation.config import config_from_dict
+
+    with pytest.raises(SettingsError) as err:
+        config_from_dict({"policy": {"model": "/m", "adapter": str(tmp_path)}}, env={}, check_files=False)
+    assert f"policy.adapter: {path}: {said}" in str(err.value)
 
 
 # ------------------------------------------------------------------------------------------- writers
 
 
-def test_grpo_writes_its_settings_into_every_checkpoint_and_final(tmp_path, tiny_model_dir, world_dir):
-    from agentic_rag.config import load_config
-    from agentic_rag.training.train import run
-
-    cfg = load_config(config(tmp_path, tiny_model_dir, world_dir, data__system_prompt=SYSTEM,
-                             rollout__max_searches=2))
-    run(cfg)
-    out = Path(cfg.checkpoint.output_dir)
-    expected = TrainedSettings(dialect="agentic", language="en", system_prompt=SYSTEM, chat_template=True,
-                               summary_mode="replace", max_turns=2, max_searches=2, max_tokens_per_turn=16,
-                               max_completion_tokens=96, passages_per_search=1, max_observation_tokens=48,
-                               on_search_limit="observe", written_by="grpo")
-    for name in ("checkpoint-1", "checkpoint-2", "final"):
-        assert TrainedSettings.read(out / name / SETTINGS_FILE) == expected, name
-        assert (out / name / "adapter_config.json").is_file()
-
-
-def test_grpo_writes_the_dialects_own_system_prompt_when_none_is_configured():
-    from agentic_rag.data.prompts import system_prompt
-    from agentic_rag.rollout import RolloutLimits
-    from agentic_rag.training.trainer import AgentSettings, trained_settings
-
-    agent = AgentSettings(tools=None, dialect="search-r1", limits=RolloutLimits(), language="zh", chat=None,
-                          algorithm="grpo", max_batch_size=None, summary_mode="replace", processors=[])
+def test_the_prompt_is_saved_as_applied():
+    """The dialect's own system prompt is written out (a later change of the default does not change what a trained
+    model is shown), and the chat template as the tokenizer made of "when it has one"."""
+    from agentic_rag.rollout.protocol import get_dialect
 
     class NoTemplate:
         chat_template = None
 
-    s = trained_settings(agent, NoTemplate())
-    assert s.system_prompt == system_prompt("search-r1", "zh") and s.chat_template is False
-    assert (s.max_turns, s.passages_per_search) == (RolloutLimits().max_turns, RolloutLimits().passages_per_search)
+    class Template:
+        chat_template = "{{ messages }}"
+
+    got = resolved_prompt(PromptSettings(language="zh"), "search-r1", NoTemplate())
+    assert got == PromptSettings(language="zh", system_prompt=get_dialect("search-r1").system_prompt("zh"),
+                                 chat_template=False)
+    assert resolved_prompt(PromptSettings(), "agentic", Template()).chat_template is True
+    assert resolved_prompt(PROMPT, "agentic", Template()) == PROMPT  # set ones are kept
 
 
-def test_sft_writes_what_it_knows(tmp_path, tiny_model_dir, qwen_tokenizer):
-    from agentic_rag.data.prompts import system_prompt
+def test_sft_records_every_setting(tmp_path, tiny_model_dir):
+    from agentic_rag.rollout.protocol import get_dialect
     from agentic_rag.training.sft import run_sft
 
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps({"question": f"Q{i}?", "completion": "<answer>y</answer>"}) + "\n"
-                            for i in range(4)))
-    run_sft(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "text"), epochs=1, batch_size=4,
-            lora_r=4, lora_alpha=8)
-    got = TrainedSettings.read(tmp_path / "text" / SETTINGS_FILE)
-    assert got == TrainedSettings(dialect="agentic", language="en", system_prompt=system_prompt("agentic", "en"),
-                                  chat_template=True, written_by="sft")
-    # token-level trajectories carry their own prompts: SFT knows only what the caller tells it
-    with open(data, "w") as f:
-        ids = qwen_tokenizer("hello", add_special_tokens=False)["input_ids"]
-        for _ in range(4):
-            f.write(json.dumps({"prompt_ids": ids, "completion_ids": ids, "env_mask": [1] * len(ids)}) + "\n")
-    run_sft(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "tokens"), epochs=1, batch_size=4,
-            lora_r=4, lora_alpha=8, settings=TrainedSettings(system_prompt=SYSTEM, chat_template=True, max_turns=4))
-    got = TrainedSettings.read(tmp_path / "tokens" / SETTINGS_FILE)
-    assert got == TrainedSettings(dialect="agentic", system_prompt=SYSTEM, chat_template=True, max_turns=4,
-                                  written_by="sft")
+                            for i in range(2)))
+    rollout = dataclasses.replace(ROLLOUT, dialect="agentic")
+    run_sft(model=str(tiny_model_dir), data=str(data), output_dir=str(tmp_path / "out"), epochs=1, batch_size=2,
+            lora_r=4, lora_alpha=8, max_length=256, gradient_checkpointing=False, report_to=[],
+            rollout=rollout, prompt=PromptSettings(language="zh"))
+    path = tmp_path / "out" / SETTINGS_FILE
+    written = json.loads(path.read_text())
+    assert written["format"] == 2 and written["written_by"] == "sft"
+    assert written["rollout"] == dataclasses.asdict(rollout)  # every rollout setting, as given
+    # the prompt as applied: the dialect's system prompt in the language given, written out; the template resolved
+    prompt = PromptSettings(language="zh", system_prompt=get_dialect("agentic").system_prompt("zh"), chat_template=True)
+    assert read_settings(path) == flat(rollout, prompt)
+
+
+# ------------------------------------------------- trained once, then evaluated and served as trained
+
+
+TRAINED_ROLLOUT = RolloutSettings(max_turns=2, max_tokens_per_turn=16, max_completion_tokens=128,
+                                  max_observation_tokens=100, passages_per_search=2, max_searches=2)
+TRAINED_PROMPT = PromptSettings(system_prompt="Search, then answer in a few words. (trained)", chat_template=True)
+
+
+@pytest.fixture(scope="module")
+def trained_adapter(tiny_model_dir, world_dir, tmp_path_factory) -> Path:
+    """ONE GRPO step of the tiny model with non-default rollout and prompt settings; the final adapter."""
+    from agentic_rag.training.config import config_from_dict
+    from agentic_rag.training.train import run
+
+    out = tmp_path_factory.mktemp("grpo") / "out"
+    cfg = config_from_dict({
+        "model": {"name_or_path": str(tiny_model_dir), "lora_r": 4, "lora_alpha": 8, "gradient_checkpointing": False},
+        "data": {"train_file": str(world_dir / "world" / "train.jsonl"), "limit": 2},
+        "search": {"index": str(world_dir / "index")},
+        "rollout": {k: v for k, v in dataclasses.asdict(TRAINED_ROLLOUT).items()
+                    if v != getattr(RolloutSettings(), k)},
+        "prompt": {"system_prompt": TRAINED_PROMPT.system_prompt},
+        "rewards": [{"name": "f1", "weight": 1.0}],
+        "algorithm": {"num_generations": 2, "per_device_train_batch_size": 2, "max_steps": 1,
+                      "learning_rate": 0.001},
+        "logging": {"swanlab_mode": "disabled", "sample_table_every": 0},
+        "checkpoint": {"output_dir": str(out), "save_steps": 1, "save_total_limit": None},
+    }, env={})
+    assert cfg.rollout == TRAINED_ROLLOUT
+    run(cfg)
+    return out / "final"
+
+
+def test_grpo_records_its_settings_in_every_checkpoint_and_final(trained_adapter):
+    for directory in (trained_adapter, trained_adapter.parent / "checkpoint-1"):
+        written = json.loads((directory / SETTINGS_FILE).read_text())
+        assert written == {"format": 2, "written_by": "grpo", "rollout": dataclasses.asdict(TRAINED_ROLLOUT),
+                           "prompt": dataclasses.asdict(TRAINED_PROMPT)}, directory
+        assert (directory / "adapter_config.json").is_file()
+
+
+def test_evaluation_runs_the_adapter_as_trained_unless_told_otherwise(trained_adapter, tiny_model_dir, world_dir,
+                                                                      qwen_tokenizer, tmp_path, monkeypatch, caplog):
+    """The evaluation runner's engine holds exactly the trained rollout settings and builds the trained prompt;
+    ``--set rollout.max_searches=3`` wins, and the log says it overrides the trained 2."""
+    import agentic_rag.rollout as rollout_pkg
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.data.questions import read_questions
+    from agentic_rag.evaluation.config import config_from_dict
+    from agentic_rag.evaluation.runner import run_evaluation
+    from agentic_rag.rollout.scripted import ScriptedPolicy
+
+    questions = world_dir / "world" / "test.jsonl"
+    question = read_questions(questions, limit=1)[0].question
+    data = {"dataset": {"path": str(questions), "limit": 1},
+            "policy": {"model": str(tiny_model_dir), "adapter": str(trained_adapter)},
+            "search": {"index": str(world_dir / "index")}, "output_dir": str(tmp_path / "eval"), "batch_size": 1}
+    settings_path = trained_adapter / SETTINGS_FILE
+    with caplog.at_level(logging.INFO, logger="agentic_rag.evaluation"):
+        cfg = config_from_dict(data, env={})
+    assert cfg.rollout == TRAINED_ROLLOUT and cfg.prompt == TRAINED_PROMPT
+    assert f"trained settings from {settings_path}: 13 taken, 0 overridden" in caplog.messages
+
+    engines = []
+
+    class Recording(rollout_pkg.AgentRollout):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    class Policy(ScriptedPolicy):
+        def generate(self, contexts, **kw):
+            self.seen = getattr(self, "seen", []) + [list(c) for c in contexts]
+            return super().generate(contexts, **kw)
+
+    policy = Policy(qwen_tokenizer, {question: ["<answer>somewhere</answer>"]})
+    monkeypatch.setattr(rollout_pkg, "AgentRollout", Recording)  # the runner builds its engine from the package
+    summary = run_evaluation(cfg, policy=policy, tokenizer=qwen_tokenizer, progress=False)
+    assert summary["n"] == 1
+    assert len(engines) == 1 and engines[0].settings == TRAINED_ROLLOUT
+    assert policy.seen[0] == build_prompt(qwen_tokenizer, question, "agentic", chat=True,
+                                          system=TRAINED_PROMPT.system_prompt)
+    assert summary["config"]["rollout"] == dataclasses.asdict(TRAINED_ROLLOUT)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="agentic_rag.evaluation"):
+        cfg = config_from_dict(data, env={}, overrides=["rollout.max_searches=3"])
+    assert cfg.rollout == dataclasses.replace(TRAINED_ROLLOUT, max_searches=3) and cfg.prompt == TRAINED_PROMPT
+    assert f"trained settings from {settings_path}: 12 taken, 1 overridden" in caplog.messages
+    assert (f"rollout.max_searches = 3 (--set rollout.max_searches) overrides the 2 the model was trained with "
+            f"({settings_path})") in caplog.messages
+
+
+def test_the_chat_server_serves_the_adapter_as_trained_unless_told_otherwise(trained_adapter, tiny_model_dir,
+                                                                             world_dir, caplog):
+    """The chat server's agent (the model and adapter really loaded) holds exactly the trained settings and builds
+    the trained prompt; ``--max-searches 3``, AGENTIC_RAG_CHAT_MAX_SEARCHES=3 or ``rollout.max_searches=3`` wins,
+    and the log says it overrides the trained 2."""
+    from peft import PeftModel
+
+    from agentic_rag.data.prompts import build_prompt
+    from agentic_rag.serving.agent import ChatAgent
+    from agentic_rag.serving.config import config_for
+    from agentic_rag.serving.conversation import prompt_ids
+
+    settings_path = trained_adapter / SETTINGS_FILE
+    base = [f"model.model={tiny_model_dir}", f"model.adapter={trained_adapter}", f"search.index={world_dir / 'index'}"]
+    with caplog.at_level(logging.INFO, logger="agentic_rag.serving"):
+        config = config_for(base)
+    assert config.rollout == TRAINED_ROLLOUT and config.prompt == TRAINED_PROMPT
+    assert f"trained settings from {settings_path}: 13 taken, 0 overridden" in caplog.messages
+    agent = ChatAgent.load(config)
+    assert isinstance(agent.policy.model, PeftModel)
+    assert agent.settings == TRAINED_ROLLOUT and agent.prompt == TRAINED_PROMPT
+    assert agent.engine().settings == TRAINED_ROLLOUT
+    messages = [{"role": "user", "content": QUESTION}]
+    assert prompt_ids(agent.tokenizer, messages, agent.settings.dialect, agent.prompt) == \
+        build_prompt(agent.tokenizer, QUESTION, "agentic", chat=True, system=TRAINED_PROMPT.system_prompt)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="agentic_rag.serving"):
+        config = config_for([*base, "rollout.max_searches=3"])
+    assert config.rollout == dataclasses.replace(TRAINED_ROLLOUT, max_searches=3) and config.prompt == TRAINED_PROMPT
+    assert (f"rollout.max_searches = 3 (--set rollout.max_searches) overrides the 2 the model was trained with "
+            f"({settings_path})") in caplog.messages
+    assert f"trained settings from {settings_path}: 12 taken, 1 overridden" in caplog.messages
+
+    argv = ["--model", str(tiny_model_dir), "--adapter", str(trained_adapter), "--index", str(world_dir / "index")]
+    cfg, lines = parsed([*argv, "--max-searches", "3"], {})
+    assert cfg.rollout.max_searches == 3 and cfg.prompt == TRAINED_PROMPT
+    assert [line for line in lines if line.startswith("rollout.max_searches = 3")] == \
+        [f"rollout.max_searches = 3 (--set rollout.max_searches) overrides the 2 the model was trained with "
+         f"({settings_path})"]
+    cfg, lines = parsed(argv, {"AGENTIC_RAG_CHAT_MAX_SEARCHES": "3"})
+    assert cfg.rollout == dataclasses.replace(TRAINED_ROLLOUT, max_searches=3)
+    assert (f"rollout.max_searches = 3 (AGENTIC_RAG_CHAT_MAX_SEARCHES in the environment or .env) overrides the 2 "
+            f"the model was trained with ({settings_path})") in lines
+    cfg, lines = parsed([*argv, "--max-searches", "2"], {})  # set to what it was trained with: nothing to say
+    assert cfg.rollout == TRAINED_ROLLOUT
+    assert lines == [f"trained settings from {settings_path}: 12 taken, 0 overridden"]
 
 
 # ------------------------------------------------------------------------------------------- readers
 
 
 def test_server_config_takes_the_adapters_settings_unless_set(tmp_path):
-    from agentic_rag.serving.server import resolve_config
-
     adapter = tmp_path / "final"
     adapter.mkdir()
-    TRAINED.write(adapter)
+    path = write_settings(adapter, ROLLOUT, PROMPT, written_by="grpo")
     argv = ["--model", "/m", "--adapter", str(adapter), "--index", "/i", "--max-turns", "6"]
-    cfg, _, line = resolve_config(argv, {"AGENTIC_RAG_CHAT_PASSAGES": "5"})
-    assert (cfg.dialect, cfg.language, cfg.system_prompt, cfg.chat_template, cfg.summary_mode) == \
-        ("search-r1", "en", SYSTEM, "off", "keep")
-    assert (cfg.max_searches, cfg.max_tokens_per_turn, cfg.max_tokens, cfg.max_observation_tokens) == (2, 40, 200, 64)
-    assert cfg.on_search_limit == "end"
-    assert cfg.max_turns == 6 and cfg.passages_per_search == 5  # a flag and an environment variable win
-    assert line.startswith(f"trained settings from {adapter / SETTINGS_FILE}: ")
-    assert "max_searches=2" in line and line.endswith("(set by you, kept: max_turns, passages_per_search)")
-    assert cfg.problems() == []
-    # a merged SFT model directory carries its own; without any file nothing changes
+    cfg, lines = parsed(argv, {"AGENTIC_RAG_CHAT_PASSAGES_PER_SEARCH": "5"})
+    assert cfg.prompt == PROMPT
+    # a flag and an environment variable win; the rest is as trained
+    assert cfg.rollout == dataclasses.replace(ROLLOUT, max_turns=6, passages_per_search=5)
+    assert lines[0] == f"trained settings from {path}: 11 taken, 2 overridden"
+    assert set(lines[1:]) == {
+        f"rollout.max_turns = 6 (--set rollout.max_turns) overrides the 3 the model was trained with ({path})",
+        f"rollout.passages_per_search = 5 (AGENTIC_RAG_CHAT_PASSAGES_PER_SEARCH in the environment or .env) "
+        f"overrides the 1 the model was trained with ({path})"}
+    # a merged SFT model directory carries its own (here an earlier version's, the dialect alone)
     model = tmp_path / "merged"
     model.mkdir()
-    TrainedSettings(dialect="r1-searcher", written_by="sft").write(model)
-    assert resolve_config(["--model", str(model), "--index", "/i"], {})[0].dialect == "r1-searcher"
-    plain, _, line = resolve_config(["--model", "/m", "--index", "/i"], {})
-    assert (plain.dialect, plain.system_prompt, plain.max_tokens, line) == ("agentic", "", 1024, None)
+    (model / SETTINGS_FILE).write_text(json.dumps({"format": 1, "written_by": "sft", "dialect": "r1-searcher"}))
+    assert parsed(["--model", str(model), "--index", "/i"], {})[0].rollout.dialect == "r1-searcher"
+    # the adapter's file before the model's
+    assert parsed(["--model", str(model), "--adapter", str(adapter), "--index", "/i"], {})[0].rollout == ROLLOUT
+    # without any file nothing changes
+    plain, lines = parsed(["--model", "/m", "--index", "/i"], {})
+    assert (plain.rollout, plain.prompt, lines) == (RolloutSettings(), PromptSettings(), [])
 
 
 def test_eval_config_takes_the_adapters_settings_unless_set(tmp_path, world_dir, caplog):
@@ -168,23 +370,21 @@ def test_eval_config_takes_the_adapters_settings_unless_set(tmp_path, world_dir,
     adapter = tmp_path / "final"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
-    TRAINED.write(adapter)
+    path = write_settings(adapter, ROLLOUT, PROMPT, written_by="grpo")
     data = {"dataset": {"path": str(world_dir / "world" / "test.jsonl")},
             "policy": {"model": str(tmp_path), "adapter": str(adapter)},
             "search": {"index": str(world_dir / "index")}, "rollout": {"max_turns": 6}}
     with caplog.at_level(logging.INFO, logger="agentic_rag.evaluation"):
-        cfg = config_from_dict(data, overrides=["rollout.language=zh"])
-    r = cfg.rollout
-    assert (r.dialect, r.system_prompt, r.chat_template, r.summary_mode) == ("search-r1", SYSTEM, False, "keep")
-    assert (r.max_searches, r.max_tokens_per_turn, r.max_completion_tokens, r.max_observation_tokens) == \
-        (2, 40, 200, 64)
-    assert cfg.search.k == 1 and r.on_search_limit == "end"
-    assert r.max_turns == 6 and r.language == "zh"  # the config file and --set win
-    lines = [r.getMessage() for r in caplog.records if "trained settings" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].endswith("(set by you, kept: rollout.language, rollout.max_turns)")
-    assert "rollout.dialect='search-r1'" in lines[0] and "search.k=1" in lines[0]
+        cfg = config_from_dict(data, overrides=["prompt.language=zh"], env={}, check_files=False)
+    assert cfg.rollout == dataclasses.replace(ROLLOUT, max_turns=6)  # the config file wins
+    assert cfg.prompt == dataclasses.replace(PROMPT, language="zh")  # and --set
+    assert f"trained settings from {path}: 11 taken, 2 overridden" in caplog.messages
+    assert f"rollout.max_turns = 6 (the config file) overrides the 3 the model was trained with ({path})" \
+        in caplog.messages
+    assert f"prompt.language = 'zh' (--set prompt.language) overrides the 'en' the model was trained with ({path})" \
+        in caplog.messages
     data["policy"]["adapter"] = ""
-    assert config_from_dict(data).rollout.dialect == "agentic"
+    assert config_from_dict(data, env={}, check_files=False).rollout.dialect == "agentic"
 
 
 # --------------------------------------------------------------------- a 512-token model over real HTTP
@@ -204,9 +404,11 @@ def test_the_served_adapter_uses_its_settings_and_the_default_length_fits_the_co
             str(short_adapter_dir), "--index", str(world_dir / "index"), "--port", str(port),
             "--passages-per-search", "2"]
     with process(argv, url + "/health", log):
-        limits = httpx.get(url + "/health").json()["limits"]
-        assert limits["max_turns"] == 4 and limits["passages_per_search"] == 2  # the flag beat the adapter's 1
-        assert limits["max_observation_tokens"] == 64 and limits["context_length"] == 512
+        health = httpx.get(url + "/health").json()
+        rollout, limits = health["rollout"], health["limits"]
+        assert rollout["max_turns"] == 4 and rollout["passages_per_search"] == 2  # the flag beat the adapter's 1
+        assert rollout["max_observation_tokens"] == 64 and limits["context_length"] == 512
+        assert health["system_prompt"] == SYSTEM and health["chat_template"] is False and health["dialect"] == "agentic"
         client = subprocess.run([sys.executable, str(ROOT / "service" / "chat_client.py"), "--url", url, "--once",
                                  QUESTION, "--temperature", "0"], capture_output=True, text=True, timeout=300,
                                 env=clean_env())
@@ -224,5 +426,7 @@ def test_the_served_adapter_uses_its_settings_and_the_default_length_fits_the_co
         message = r.json()["error"]["message"]
         assert "512" in message and f"at most {512 - len(prompt)}" in message, message
     text = log.read_text()
-    assert f"trained settings from {short_adapter_dir / SETTINGS_FILE}" in text, text
-    assert "kept: passages_per_search" in text, text
+    path = short_adapter_dir / SETTINGS_FILE
+    assert f"trained settings from {path}: 12 taken, 1 overridden" in text, text
+    assert (f"rollout.passages_per_search = 2 (--set rollout.passages_per_search) overrides the 1 the model was "
+            f"trained with ({path})") in text, text

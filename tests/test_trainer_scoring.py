@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentic_rag.rollout import AgentRollout, RolloutLimits
+from agentic_rag.rollout import AgentRollout, RolloutSettings
 from agentic_rag.rollout.scripted import ScriptedPolicy
 from agentic_rag.training import trainer as trainer_module
-from agentic_rag.training.trainer import TreeLayout
+from agentic_rag.training.algorithms import ORDER_NEUTRAL_LOSSES
+from agentic_rag.training.micro_batches import group_by_length, used_columns
+from agentic_rag.training.tree import TreeLayout
 from test_rollout import FakeSearcher, ForcedHFPolicy, prompts
 from test_training import make_trainer
 
@@ -41,7 +43,7 @@ def test_a_plain_row_scores_the_same_alone_and_beside_a_branched_row(tiny_model_
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.eval()
     trajs = AgentRollout(ForcedHFPolicy(model, tok, scripts), tok, FakeSearcher(),
-                         limits=RolloutLimits(passages_per_search=1)).run(prompts(tok, list(scripts)), list(scripts))
+                         RolloutSettings(passages_per_search=1)).run(prompts(tok, list(scripts)), list(scripts))
     assert not trajs[0].is_linear and trajs[1].is_linear
     ids, mask, C = _padded(trajs, tok.pad_token_id)
     assert mask[1, 0] == 0, "the plain row must be left-padded for the test to mean anything"
@@ -65,7 +67,7 @@ def test_a_plain_row_scores_the_same_alone_and_beside_a_branched_row(tiny_model_
     expected = torch.arange(int(mask[1].sum()))
     # the plain row in each call; each call holds only its micro-batch's used columns (trainer.used_columns)
     for call, row, rows in ((calls[1], 0, slice(1, 2)), (calls[2], 1, slice(0, 2)), (calls[3], 0, slice(1, 2))):
-        first, last = trainer_module.used_columns(mask[rows], mask.size(1) - C)
+        first, last = used_columns(mask[rows], mask.size(1) - C)
         assert call["input_ids"].size(1) == last - first
         real = mask[1, first:last].bool()
         assert torch.equal(call["position_ids"][row][real].cpu(), expected)
@@ -91,8 +93,8 @@ def test_turn_token_limit_stays_in_the_dapo_loss_and_only_the_completion_budget_
     rows = [{"prompt": "Unclosed?", "answers": ["x"]}, {"prompt": "Budget?", "answers": ["x"]}]
     trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, algorithm="dapo", rows=rows)
     assert trainer.mask_truncated_completions
-    trainer.agent.limits = RolloutLimits(max_turns=4, max_tokens_per_turn=12, max_completion_tokens=24,
-                                         passages_per_search=1, max_observation_tokens=48)
+    trainer.agent.settings = RolloutSettings(max_turns=4, max_tokens_per_turn=12, max_completion_tokens=24,
+                                             passages_per_search=1, max_observation_tokens=48)
     scripts = {"Unclosed?": ["<think>" + "word " * 40], "Budget?": ["<search>alpha</search>", "word " * 40]}
     out = _score_generation(monkeypatch, trainer, scripts)
     reasons = [t.finish_reason for t in trainer._last_trajectories]
@@ -123,7 +125,7 @@ def _tiny_model(**overrides):
 def test_the_trainer_refuses_flash_attention_with_branching_dialects():
     """The programmatic path (no config check): the trainer refuses before TRL starts, and accepts the same model
     with a dialect that never branches, or with sdpa."""
-    from agentic_rag.training.trainer import refuse_tree_masks_it_cannot_serve
+    from agentic_rag.training.launch_checks import refuse_tree_masks_it_cannot_serve
 
     model = _tiny_model()
     assert model.config._attn_implementation in ("sdpa", "eager")
@@ -141,7 +143,7 @@ def test_the_trainer_refuses_a_sliding_window_model_with_branching_dialects():
     window, so the trainer refuses; with the window off, or a dialect that never branches, it accepts."""
     sliding = _tiny_model(use_sliding_window=True, sliding_window=64, max_window_layers=0)
     assert "sliding_attention" in sliding.config.layer_types
-    from agentic_rag.training.trainer import refuse_tree_masks_it_cannot_serve
+    from agentic_rag.training.launch_checks import refuse_tree_masks_it_cannot_serve
 
     with pytest.raises(ValueError, match=r"sliding attention window of 64 tokens"):
         refuse_tree_masks_it_cannot_serve(sliding, "agentic", "replace")
@@ -166,17 +168,22 @@ def test_the_trainer_refuses_a_sliding_window_model_with_branching_dialects():
     ({"model_type": "llama", "max_position_embeddings": 131072}, None),
 ])
 def test_sliding_windows_are_read_from_config_json(config, window):
-    from agentic_rag.config import model_sliding_window
+    from agentic_rag.training.launch_checks import model_sliding_window
 
     assert model_sliding_window(config) == window
 
 
 def test_the_config_check_and_the_trainer_agree_on_which_dialects_branch():
-    from agentic_rag.config import MEMORY_ACTIONS
-    from agentic_rag.rollout.protocol import DIALECTS, get_dialect
+    from agentic_rag.rollout.protocol import DIALECTS, get_dialect, memory_actions
+    from agentic_rag.training.launch_checks import branching_actions
 
     actual = {name: tuple(a for a in ("backtrack", "summary") if getattr(get_dialect(name), a)) for name in DIALECTS}
-    assert {k: v for k, v in actual.items() if v} == MEMORY_ACTIONS
+    assert {name: memory_actions(name) for name in DIALECTS} == actual and any(actual.values())
+    # the config check and the trainer's refusal both ask branching_actions: a backtrack always branches, a
+    # summary only when it replaces the context
+    for name in DIALECTS:
+        assert branching_actions(name, "replace") == actual[name]
+        assert branching_actions(name, "keep") == tuple(a for a in actual[name] if a != "summary")
 
 
 def test_completion_logprobs_refuses_attention_that_ignores_its_tree_mask(qwen_tokenizer, tiny_qwen):
@@ -195,8 +202,8 @@ def test_completion_logprobs_refuses_attention_that_ignores_its_tree_mask(qwen_t
 
 
 def test_the_rollout_and_the_config_check_name_the_same_tree_mask_kernels():
-    from agentic_rag.config import TREE_MASK_ATTENTION as CHECKED
     from agentic_rag.rollout.scoring import TREE_MASK_ATTENTION as SCORED
+    from agentic_rag.training.launch_checks import TREE_MASK_ATTENTION as CHECKED
 
     assert set(CHECKED) == set(SCORED)
 
@@ -219,11 +226,11 @@ def test_rows_dealt_by_length_keep_each_optimizer_steps_rows_and_gradient(
                "Tiny?": ["<answer>t</answer>"]}
     trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, algorithm=algorithm,
                            rows=[{"prompt": q, "answers": ["x"]} for q in scripts])
-    assert algorithm in trainer_module.ORDER_NEUTRAL_LOSSES
+    assert algorithm in ORDER_NEUTRAL_LOSSES
     out = _score_generation(monkeypatch, trainer, scripts)  # 8 rows: two per question, in script order
     out["advantages"] = torch.randn(8, generator=torch.Generator().manual_seed(0))  # any advantages will do
     batches = split_tensor_dict(out, 4)  # TRL's split: micro-batches of 2
-    dealt = trainer_module.group_by_length(batches, 2)  # two optimizer steps of two micro-batches each
+    dealt = group_by_length(batches, 2)  # two optimizer steps of two micro-batches each
     assert [len(b["completion_ids"]) for b in dealt] == [2, 2, 2, 2]
 
     def rows(group):
@@ -260,7 +267,7 @@ def test_rows_dealt_by_length_keep_each_optimizer_steps_rows_and_gradient(
             for name in g_trl:
                 torch.testing.assert_close(g_dealt[name], g_trl[name], rtol=1e-4, atol=1e-7, msg=name)
             for b, w in zip(batches[step] + dealt[step], widths, strict=True):
-                first, last = trainer_module.used_columns(torch.cat([b["prompt_mask"], b["completion_mask"]], 1),
+                first, last = used_columns(torch.cat([b["prompt_mask"], b["completion_mask"]], 1),
                                                           b["prompt_mask"].size(1))
                 assert w == last - first
     finally:
@@ -281,7 +288,7 @@ def test_training_deals_each_steps_rows_by_length_unless_the_loss_forbids_it(
     trainer.loss_type = loss_type
     trainer.args.gradient_accumulation_steps = trainer.args.steps_per_generation = 2
     calls = []
-    deal = trainer_module.group_by_length
+    deal = group_by_length
     monkeypatch.setattr(trainer_module, "group_by_length", lambda b, n: calls.append(n) or deal(b, n))
     trainer.model.train()
     first = trainer._prepare_inputs([{"prompt": q, "answers": ["x"]} for q in scripts for _ in range(2)])
@@ -295,5 +302,5 @@ def test_training_deals_each_steps_rows_by_length_unless_the_loss_forbids_it(
 
 def test_used_columns_keep_every_real_token_and_one_completion_column():
     m = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 0]])
-    assert trainer_module.used_columns(m, 4) == (1, 6)
-    assert trainer_module.used_columns(torch.tensor([[0, 1, 1, 0, 0]]), 3) == (1, 4)  # no completion token at all
+    assert used_columns(m, 4) == (1, 6)
+    assert used_columns(torch.tensor([[0, 1, 1, 0, 0]]), 3) == (1, 4)  # no completion token at all

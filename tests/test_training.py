@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from agentic_rag.rollout import AgentRollout, RolloutLimits
-from agentic_rag.training.trainer import AgenticGRPOTrainer, TreeLayout, algorithm_args
+from agentic_rag.rollout import AgentRollout, RolloutSettings
+from agentic_rag.training.algorithms import algorithm_args
+from agentic_rag.training.trainer import AgenticGRPOTrainer
+from agentic_rag.training.tree import TreeLayout
 from test_rollout import FakeSearcher, ForcedHFPolicy, prompts
 
 
@@ -23,11 +26,11 @@ def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", 
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from agentic_rag.config import ModelConfig
     from agentic_rag.data.questions import read_questions
     from agentic_rag.models import load_tokenizer
     from agentic_rag.search import open_searcher
     from agentic_rag.tools import SearchTool
+    from agentic_rag.training.config import ModelConfig
     from agentic_rag.training.model import load_base_model, lora_config
 
     tok = load_tokenizer(str(model_dir))
@@ -42,11 +45,11 @@ def make_trainer(model_dir, world_dir, tmp_path, *, beta=0.0, algorithm="grpo", 
                       max_completion_length=96, max_steps=max_steps, learning_rate=5e-2, beta=beta, report_to=[],
                       use_cpu=True, save_strategy="no", logging_steps=1, seed=0, disable_dropout=True,
                       **algorithm_args(algorithm))
-    limits = trainer_kwargs.pop("limits", None) or RolloutLimits(
+    settings = trainer_kwargs.pop("settings", None) or RolloutSettings(
         max_turns=2, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1, max_observation_tokens=48)
     tools = trainer_kwargs.pop("tools", None) or SearchTool(open_searcher(world_dir / "index"))
     return AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=args, train_dataset=data,
-                              tools=tools, dialect=dialect, limits=limits,
+                              tools=tools, settings=dataclasses.replace(settings, dialect=dialect),
                               algorithm=algorithm, peft_config=lora_config(cfg), **trainer_kwargs)
 
 
@@ -99,9 +102,9 @@ def test_training_stops_when_its_searches_fail(tiny_model_dir, world_dir, tmp_pa
             out[j, search[step] if step < len(search) else 0] = 0
         return out
 
-    limits = RolloutLimits(max_turns=4, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1,
-                           max_observation_tokens=48)
-    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, tools=SearchTool(WentAway()), limits=limits,
+    settings = RolloutSettings(max_turns=4, max_tokens_per_turn=12, max_completion_tokens=96, passages_per_search=1,
+                               max_observation_tokens=48)
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, tools=SearchTool(WentAway()), settings=settings,
                            processors=[always_search])
     with pytest.raises(SearchFailuresError, match=r"training stopped at step 0: 12 of 12 searches of the last "
                                                   r"rollout batch failed") as info:
@@ -244,7 +247,7 @@ def test_branched_trajectories_are_scored_under_their_own_contexts(tiny_model_di
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.eval()
     policy = ForcedHFPolicy(model, tok, scripts)
-    trajs = AgentRollout(policy, tok, FakeSearcher(), limits=RolloutLimits(passages_per_search=1)).run(
+    trajs = AgentRollout(policy, tok, FakeSearcher(), RolloutSettings(passages_per_search=1)).run(
         prompts(tok, list(scripts)), list(scripts))
     assert not trajs[0].is_linear and trajs[1].is_linear
     P = max(len(t.prompt_ids) for t in trajs)
@@ -300,7 +303,7 @@ def test_qlora_nf4_trains_on_cpu(tiny_model_dir, world_dir, tmp_path):
 
 def test_medqa_training_shows_the_options_and_the_choice_reward_scores_letters(tiny_model_dir, world_dir, tmp_path):
     """Training prompts a multiple-choice question as evaluation does; the choice reward gets its columns."""
-    from agentic_rag.config import ExperimentConfig
+    from agentic_rag.training.config import ExperimentConfig
     from agentic_rag.training.rewards import ChoiceReward
     from agentic_rag.training.train import training_rows
     from conftest import shared
@@ -340,7 +343,7 @@ def test_a_stage_two_config_starts_from_the_stage_one_adapter_and_pays_stage_two
     from peft import get_peft_model
     from safetensors.torch import load_file
 
-    from agentic_rag.config import ModelConfig, config_from_dict
+    from agentic_rag.training.config import ModelConfig, config_from_dict
     from agentic_rag.training.model import load_base_model, lora_config
     from agentic_rag.training.train import policy_model, run
 

@@ -185,7 +185,7 @@ def test_an_output_is_never_written_over_an_input(case, tmp_path, corpus_file, i
 def endpoint_eval(url: str, tok_dir: Path, index: str, out: Path, n: int = 4, **extra) -> dict:
     return {"name": "slip", "dataset": {"path": str(shared(DEV)), "limit": n},
             "policy": {"type": "endpoint", "model": "fake-model", "base_url": url, "tokenizer": str(tok_dir)},
-            "search": {"index": index, "k": 2, "timeout_s": 5}, "rollout": {"batch_size": n},
+            "search": {"index": index, "timeout_s": 5}, "rollout": {"passages_per_search": 2}, "batch_size": n,
             "output_dir": str(out), **extra}
 
 
@@ -228,7 +228,7 @@ def test_a_run_whose_searches_fail_ends_non_zero_and_says_how_many(tmp_path, tok
 
     with FakeOpenAI(completions=search_then_answer(6)) as srv:
         data = endpoint_eval(srv.url, tok_dir, str(index_dir), tmp_path / "run", n=6)
-        data["rollout"]["batch_size"] = 1
+        data["batch_size"] = 1
         with pytest.raises(SearchFailuresError, match=r"3 of 6 searches failed \(50\.0%") as info:
             run_evaluation(config_from_dict(data), searcher=FailingHalf(open_searcher(index_dir)), progress=False)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -239,7 +239,7 @@ def test_a_run_whose_searches_fail_ends_non_zero_and_says_how_many(tmp_path, tok
     with FakeOpenAI(completions=search_then_answer(6)) as srv:
         data = endpoint_eval(srv.url, tok_dir, str(index_dir), tmp_path / "run2", n=6)
         data["search"]["max_failure_rate"] = 0.6
-        data["rollout"]["batch_size"] = 1
+        data["batch_size"] = 1
         summary = run_evaluation(config_from_dict(data), searcher=FailingHalf(open_searcher(index_dir)),
                                  progress=False)
     assert summary["search_failures"]["over_threshold"] is False
@@ -264,8 +264,8 @@ def test_eval_overwrite_keeps_the_old_results_until_the_new_run_is_complete(tmp_
         kept = {k: v for k, v in digest(run).items() if "/.overwrite/" not in k and not k.endswith(".agentic-rag.json")}
         assert kept == {k: v for k, v in before.items() if not k.endswith(".agentic-rag.json")}
         # a complete --overwrite run replaces them
-        data2 = dict(data, dataset={"path": str(shared(DEV)), "limit": 2})
-        data2["rollout"] = {"batch_size": 2, "max_turns": 6}
+        data2 = dict(data, dataset={"path": str(shared(DEV)), "limit": 2}, batch_size=2)
+        data2["rollout"] = {"passages_per_search": 2, "max_turns": 6}
         summary = run_evaluation(config_from_dict(data2), progress=False, overwrite=True)
     assert summary["n"] == 2 and not (run / ".overwrite").exists()
     assert len((run / "predictions.jsonl").read_text().splitlines()) == 2

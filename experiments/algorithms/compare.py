@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from agentic_rag.demo import quickstart as qs  # noqa: E402
+from agentic_rag.rewards.registry import metric_value  # noqa: E402 - reads runs written before well_formed's rename
 
 PAPER_DEFAULTS = {"algorithm.scale_rewards": "null"}
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -88,7 +89,8 @@ def one(s: qs.Settings, algorithm: str, seed: int, runs_dir: Path) -> dict[str, 
     curves = qs.training_curves(run)
     extra = [h["dynamic_sampling/extra_rollouts"] for h in history if "dynamic_sampling/extra_rollouts" in h]
     return {"algorithm": algorithm, "seed": seed, "run": str(run), "overrides": OVERRIDES[algorithm],
-            "em": result["metrics"]["em"], "f1": result["metrics"]["f1"], "format": result["metrics"]["format"],
+            "em": result["metrics"]["em"], "f1": result["metrics"]["f1"],
+            "well_formed": metric_value(result["metrics"], "well_formed"),
             "searches_per_question": result["searches_per_question"],
             "entropy_last": curves["entropy"][-1] if curves["entropy"] else None,
             "searches_per_trajectory_last": curves["searches"][-1] if curves["searches"] else None,

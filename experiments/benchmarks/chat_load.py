@@ -92,14 +92,15 @@ def serve(args: argparse.Namespace) -> None:
     from agentic_rag.models import load_tokenizer
     from agentic_rag.serving.agent import ChatAgent
     from agentic_rag.serving.app import create_app
-    from agentic_rag.serving.config import ServerConfig
+    from agentic_rag.serving.config import config_for
     from agentic_rag.serving.forcing import ScriptedTurns, keyed_script
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    config = ServerConfig(model=args.model, index=args.index, port=args.port, max_batch=args.max_batch,
-                          queue_size=args.queue_size, model_name=MODEL_NAME, dtype="float32")
-    tok = load_tokenizer(config.model)
+    config = config_for([f"model.model={args.model}", f"search.index={args.index}", f"server.port={args.port}",
+                         f"server.max_batch={args.max_batch}", f"server.queue_size={args.queue_size}",
+                         f"model.model_name={MODEL_NAME}", "model.dtype=float32"])
+    tok = load_tokenizer(config.model.model)
     script = keyed_script({q["question"]: turns_for(q) for q in load_questions(args.questions)})
     agent = ChatAgent.load(config, processors=[ScriptedTurns(tok, script)], tokenizer=tok)
     uvicorn.run(create_app(agent, config), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)

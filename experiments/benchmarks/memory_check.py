@@ -154,7 +154,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from agentic_rag.training.memory import resolve_config
+    from agentic_rag.training.model_arch import resolve_config
 
     # Warm-up: one step of a tiny model of the same architecture through the same code path, so that what the
     # first step allocates once per process (library code pages, thread pools, kernel caches) is not counted.
@@ -196,7 +196,8 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def estimate_for(args: argparse.Namespace):
-    from agentic_rag.training.memory import TrainingSetup, arch_from_config, estimate, resolve_config
+    from agentic_rag.training.memory import TrainingSetup, estimate
+    from agentic_rag.training.model_arch import arch_from_config, resolve_config
 
     config = resolve_config(args.model, num_hidden_layers=args.layers)
     arch = arch_from_config(config, name=f"{args.model} ({args.layers} layers)")

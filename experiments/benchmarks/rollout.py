@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from agentic_rag.data.prompts import build_prompt  # noqa: E402
 from agentic_rag.data.world import generate_world, questions, write_world  # noqa: E402
-from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutLimits, SamplingParams  # noqa: E402
+from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutSettings, SamplingParams  # noqa: E402
 from agentic_rag.search import open_searcher  # noqa: E402
 from agentic_rag.search.build import build_index  # noqa: E402
 
@@ -109,11 +109,11 @@ def main() -> None:
     person = {r["question"]: r["supporting_facts"][0] for r in rows}
     tags = {q: [t.format(q=person[q], a="x") for t in TAGS] for q in plans}
     prompts = [build_prompt(tok, q, chat=False) for q in plans]
-    limits = RolloutLimits(max_tokens_per_turn=128, max_completion_tokens=2048, passages_per_search=2)
+    limits = RolloutSettings(max_tokens_per_turn=128, max_completion_tokens=2048, passages_per_search=2)
 
     def engine_run(idx: list[int]) -> tuple[int, float]:
         policy = WorkloadPolicy(model, tok, {q: plans[q] for q in (list(plans)[i] for i in idx)}, tags)
-        engine = AgentRollout(policy, tok, searcher, "agentic", limits)
+        engine = AgentRollout(policy, tok, searcher, limits)
         t0 = time.perf_counter()
         trajs = engine.run([prompts[i] for i in idx], [list(plans)[i] for i in idx])
         dt = time.perf_counter() - t0

@@ -138,14 +138,14 @@ def child(kind: str, work: Path, steps: int, model_tokens: int, obs: int, trl_to
     if kind == "ours":
         from rollout import WorkloadPolicy
 
-        from agentic_rag.rollout import RolloutLimits
+        from agentic_rag.rollout import RolloutSettings
         from agentic_rag.search import open_searcher
         from agentic_rag.tools import SearchTool
         from agentic_rag.training.trainer import AgenticGRPOTrainer
 
         plans, tags = turn_plans(tok, rows, model_tokens)
         forcing = WorkloadPolicy(model, tok, plans, tags)  # only its processor is used
-        limits = RolloutLimits(max_turns=4, max_searches=2, max_tokens_per_turn=model_tokens,
+        limits = RolloutSettings(max_turns=4, max_searches=2, max_tokens_per_turn=model_tokens,
                                max_completion_tokens=budget, passages_per_search=1, max_observation_tokens=obs)
         data = Dataset.from_list([{"prompt": r.question} for r in rows])
         trainer = AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=GRPOConfig(**common),

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from agentic_rag.training.memory import GiB, TrainingSetup, estimate, load_arch  # noqa: E402
+from agentic_rag.training.memory import GiB, TrainingSetup, estimate  # noqa: E402
+from agentic_rag.training.model_arch import load_arch  # noqa: E402
 
 MODELS = ["qwen2.5-7b", "llama-3.1-8b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"]
 GPU_SIZES = [24, 40, 80]

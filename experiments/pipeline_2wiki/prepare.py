@@ -20,11 +20,11 @@ from agentic_rag.data.questions import read_questions
 from agentic_rag.demo.experts import write_expert_trajectories
 from agentic_rag.demo.tiny import TinyModelSize, init_tiny_model
 from agentic_rag.models import load_tokenizer
-from agentic_rag.rollout import RolloutLimits
+from agentic_rag.rollout import RolloutSettings
 from agentic_rag.search import open_searcher
 
 SYSTEM_PROMPT = "Answer the question by searching."  # as in grpo.yaml and eval.yaml
-LIMITS = RolloutLimits(max_turns=3, max_searches=2, max_tokens_per_turn=48, max_completion_tokens=256,
+LIMITS = RolloutSettings(max_turns=3, max_searches=2, max_tokens_per_turn=48, max_completion_tokens=256,
                        passages_per_search=1, max_observation_tokens=96)  # as in grpo.yaml and eval.yaml
 
 

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CURVES = {"reward": "reward", "exact_match": "rewards/exact_match/mean",
+CURVES = {"reward": "reward", "em": "rewards/em/mean",
           "searches_per_trajectory": "agentic/searches_per_trajectory",
           "model_tokens": "completions/mean_length"}
+OLD_NAMES = {"rewards/em/mean": "rewards/exact_match/mean"}  # runs logged before the em reward's rename
 
 
 def main() -> None:
@@ -35,7 +36,8 @@ def main() -> None:
     curves: dict[str, dict[str, list[float]]] = {}
     for run in sorted((qs / "runs").iterdir()):
         steps = [h for h in json.loads((run / "train_summary.json").read_text())["log_history"] if "reward" in h]
-        curves[run.name] = {k: [round(h[v], 4) for h in steps] for k, v in CURVES.items()}
+        curves[run.name] = {k: [round(h[v] if v in h else h[OLD_NAMES[v]], 4) for h in steps]
+                            for k, v in CURVES.items()}
     (HERE / "training_curves.json").write_text(json.dumps(curves) + "\n")
     mean = lambda xs: round(sum(xs) / len(xs), 3)  # noqa: E731
     print(json.dumps({run: {k: [mean(v[:5]), mean(v[-5:])] for k, v in c.items()} for run, c in curves.items()}))

@@ -43,32 +43,31 @@ def rows_for(qs: Path, seed: int) -> list[dict[str, Any]]:
 
 
 def evaluate(row: dict[str, Any], *, dataset: Path, limit: int | None, index: Path, out: Path) -> dict[str, Any]:
-    from agentic_rag.config import load_config
-    from agentic_rag.demo.quickstart import REAL_CONFIG
-    from agentic_rag.evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
-    from agentic_rag.evaluation.runner import run_evaluation
-    from agentic_rag.training.train import rollout_limits
+    import dataclasses
 
-    lim = rollout_limits(load_config(REAL_CONFIG, env={}, check_files=False))
+    from agentic_rag.demo.quickstart import REAL_CONFIG
+    from agentic_rag.evaluation.config import DatasetSection, EvalConfig, PolicySection
+    from agentic_rag.evaluation.runner import run_evaluation
+    from agentic_rag.rewards.registry import metric_value
+    from agentic_rag.rollout.settings import PromptSettings, RolloutSettings
+    from agentic_rag.search.settings import SearchSettings
+    from agentic_rag.training.config import load_config
+
     if row["trained_limits"]:
-        rollout = RolloutSection(system_prompt=row["system_prompt"], chat_template=True, max_turns=lim.max_turns,
-                                 max_searches=lim.max_searches, max_tokens_per_turn=lim.max_tokens_per_turn,
-                                 max_completion_tokens=lim.max_completion_tokens,
-                                 max_observation_tokens=lim.max_observation_tokens, batch_size=32)
-        k = lim.passages_per_search
+        rollout = load_config(REAL_CONFIG, env={}, check_files=False).rollout
     else:  # the untuned model: room to write, three passages a search (the evaluation defaults, shortened)
-        rollout = RolloutSection(system_prompt=row["system_prompt"], chat_template=True, max_turns=4, max_searches=3,
-                                 max_tokens_per_turn=128, max_completion_tokens=768, max_observation_tokens=256,
-                                 batch_size=32)
-        k = 3
+        rollout = RolloutSettings(max_turns=4, max_searches=3, max_tokens_per_turn=128, max_completion_tokens=768,
+                                  max_observation_tokens=256, passages_per_search=3)
+    rollout = dataclasses.replace(rollout)
     cfg = EvalConfig(name=out.name, dataset=DatasetSection(path=str(dataset), limit=limit),
-                     policy=PolicySection(type="local", model=row["model"], adapter=row["adapter"], temperature=0.0,
-                                          device="cpu"),
-                     search=SearchSection(index=row["index"] or str(index), k=k),
-                     rollout=rollout, metrics=["em", "f1", "format"], output_dir=str(out), seed=0)
+                     policy=PolicySection(type="local", model=row["model"], adapter=row["adapter"], device="cpu"),
+                     search=SearchSettings(index=row["index"] or str(index)), rollout=rollout,
+                     prompt=PromptSettings(system_prompt=row["system_prompt"], chat_template=True), batch_size=32,
+                     metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
     summary = run_evaluation(cfg, progress=False)
     m = summary["metrics"]
-    return {"em": m["em"], "f1": m["f1"], "format": m["format"], "searches": summary["searches_per_question"],
+    return {"em": m["em"], "f1": m["f1"], "well_formed": metric_value(m, "well_formed"),
+            "searches": summary["searches_per_question"],
             "n": summary.get("n", summary.get("questions"))}
 
 
@@ -101,13 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             results[row["name"]][ds] = evaluate(row, dataset=path, limit=limit, index=index,
                                                 out=qs / "eval_table" / tag)
             r = results[row["name"]][ds]
-            print(f"{row['name']:<42} {ds:<20} EM {r['em']:.3f} F1 {r['f1']:.3f} format {r['format']:.3f} "
+            print(f"{row['name']:<42} {ds:<20} EM {r['em']:.3f} F1 {r['f1']:.3f} well-formed {r['well_formed']:.3f} "
                   f"searches {r['searches']:.2f} ({time.perf_counter() - t:.0f} s)", flush=True)
-    lines = ["| model | " + " | ".join(f"{ds} EM | F1 | format" for ds in datasets) + " |",
+    lines = ["| model | " + " | ".join(f"{ds} EM | F1 | well-formed" for ds in datasets) + " |",
              "|---|" + "---|---|---|" * len(datasets)]
     for name, per in results.items():
-        lines.append(f"| {name} | " + " | ".join(f"{per[ds]['em']:.3f} | {per[ds]['f1']:.3f} | {per[ds]['format']:.3f}"
-                                                  for ds in datasets) + " |")
+        cells = [f"{per[ds]['em']:.3f} | {per[ds]['f1']:.3f} | {per[ds]['well_formed']:.3f}" for ds in datasets]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     record = Path(args.record)
     record.mkdir(parents=True, exist_ok=True)
     (record / "table.json").write_text(json.dumps({"quickstart": str(qs.relative_to(ROOT)) if qs.is_relative_to(ROOT)

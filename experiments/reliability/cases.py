@@ -65,7 +65,7 @@ ROOT = HERE.parents[1]
 PYTHON = ROOT / ".venv" / "bin" / "python"
 SHARED = Path(os.environ.get("AGENTIC_RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "agentic-rag-reliability-fixtures"
-FIXTURE_VERSION = 3
+FIXTURE_VERSION = 4  # 4: the settings-schema-2 YAML files beside the old ones
 DEFAULT_TIMEOUT = 90.0
 NOTES = "my notes: do not lose these\n"
 
@@ -151,9 +151,9 @@ def seq(*steps: Setup) -> Setup:
 # ------------------------------------------------------------------------------------------------- cases
 
 Q = "'Where was Midro Treth born?'"
-EVAL = "eval --config {fx}/eval.yaml --output-dir out --no-progress"
-TRAIN_CHECK = "train --config {fx}/train.yaml --check"
-TRAIN = "train --config {fx}/train.yaml"
+EVAL = "eval --config {eval_yaml} --output-dir out --no-progress"
+TRAIN_CHECK = "train --config {train_yaml} --check"
+TRAIN = "train --config {train_yaml}"
 SFT = "sft --model {fx}/model --data {fx}/sft.jsonl --batch-size 2 --max-length 256"
 QS = "--tiny --seeds 1 --steps 1 --sft-epochs 0.1"
 CHAT = "--device cpu --port {port}"
@@ -346,9 +346,9 @@ def build_cases() -> list[Case]:
     add(Case("eval/out-user-folder", s, "out-over-user", "--output-dir holds the user's notes.txt", EVAL,
              expect="either", setup=put("out/notes.txt", NOTES), keep=("out/notes.txt",)))
     add(Case("eval/out-is-dataset", s, "out-over-in", "--output-dir is the dataset file",
-             "eval --config {fx}/eval.yaml --set dataset.path=q.jsonl --output-dir q.jsonl --no-progress",
+             "eval --config {eval_yaml} --set dataset.path=q.jsonl --output-dir q.jsonl --no-progress",
              setup=copy("questions.jsonl", "q.jsonl"), keep=("q.jsonl",)))
-    add(Case("eval/search-k-0", s, "bad-value", "search.k=0", EVAL + " --set search.k=0"))
+    add(Case("eval/search-k-0", s, "bad-value", "passages per search 0", EVAL + " --set {passages}=0"))
 
     # score -----------------------------------------------------------------------------------------------
     s = "score"
@@ -518,7 +518,7 @@ def build_cases() -> list[Case]:
     add(Case("chat/max-batch-0", s, "bad-value", "--max-batch 0",
              f"--model {{fx}}/model --index {{fx}}/index {CHAT} --max-batch 0", prog="chat", kind="server"))
     add(Case("chat/dead-search-server", s, "bad-value", "--search-url of a server that is not running",
-             f"--model {{fx}}/model --search-url http://127.0.0.1:{{dead}} {CHAT}", prog="chat", kind="server"))
+             f"--model {{fx}}/model {{search_url}} http://127.0.0.1:{{dead}} {CHAT}", prog="chat", kind="server"))
     return c
 
 
@@ -542,6 +542,42 @@ config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, 
 Qwen2ForCausalLM(config).save_pretrained(out)
 tok.save_pretrained(out)
 """
+
+
+def settings_schema(src: Path) -> int:
+    """The config schema of the source tree under test: 2 from the one settings layer on (issue 30: sections
+    rollout / prompt / sampling, `--index` for a search URL), 1 before it."""
+    return 2 if (src / "agentic_rag" / "settings.py").is_file() else 1
+
+
+def eval_yaml_v2(fx: Path) -> str:
+    return f"""# the reliability cases' evaluation (settings schema 2): the tiny random model, 2 questions, a few tokens
+name: tiny
+dataset:
+  path: {fx}/questions.jsonl
+  limit: 2
+policy:
+  type: local
+  model: {fx}/model
+  device: cpu
+search:
+  index: {fx}/index
+rollout:
+  max_turns: 2
+  max_searches: 1
+  max_tokens_per_turn: 8
+  max_completion_tokens: 48
+  passages_per_search: 2
+  max_observation_tokens: 32
+batch_size: 2
+metrics: [em, f1]
+output_dir: run
+"""
+
+
+def train_yaml_v2(fx: Path) -> str:
+    return train_yaml(fx).replace("{name: exact_match,", "{name: em,").replace(
+        "# the reliability cases' training run:", "# the reliability cases' training run (settings schema 2):")
 
 
 def eval_yaml(fx: Path) -> str:
@@ -661,7 +697,11 @@ def build_fixtures(cache: Path, fixture_src: Path, python: Path, rebuild: bool) 
         json.dumps({k: v for k, v in r.items() if k != "golden_answers"}) + "\n" for r in nq))
     (fx / "eval.yaml").write_text(eval_yaml(fx))
     (fx / "train.yaml").write_text(train_yaml(fx))
-    run(*cli, "eval", "--config", "eval.yaml", "--output-dir", str(fx / "eval_run"), "--no-progress")
+    (fx / "eval-v2.yaml").write_text(eval_yaml_v2(fx))
+    (fx / "train-v2.yaml").write_text(train_yaml_v2(fx))
+    v2 = settings_schema(fixture_src) == 2
+    run(*cli, "eval", "--config", "eval-v2.yaml" if v2 else "eval.yaml", "--output-dir", str(fx / "eval_run"),
+        "--no-progress")
     stamp.write_text(json.dumps({"version": FIXTURE_VERSION, "src": str(fixture_src),
                                  "built": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
     return fx
@@ -871,7 +911,12 @@ def run_case(case: Case, src: Path, python: Path, fx: Path) -> dict[str, Any]:
             case.setup(work, fx)
         before = {f"{k}/{p}" if p != "." else k: d for k in case.keep for p, d in tree_digest(work / k).items()}
         port, dead = free_port(), free_port()
-        fill = {"{fx}": str(fx), "{port}": str(port), "{dead}": str(dead)}
+        v2 = settings_schema(src) == 2
+        fill = {"{fx}": str(fx), "{port}": str(port), "{dead}": str(dead),
+                "{eval_yaml}": str(fx / ("eval-v2.yaml" if v2 else "eval.yaml")),
+                "{train_yaml}": str(fx / ("train-v2.yaml" if v2 else "train.yaml")),
+                "{search_url}": "--index" if v2 else "--search-url",
+                "{passages}": "rollout.passages_per_search" if v2 else "search.k"}
         argv = program(case, src, python)
         for tok in shlex.split(case.args):
             for key, value in fill.items():

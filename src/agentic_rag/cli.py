@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "agentic_rag.training.memory_commands",
     "agentic_rag.training.commands",
     "agentic_rag.evaluation.commands",
+    "agentic_rag.serving.commands",
 ]
 
 
@@ -36,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # its flags are generated from its settings: its own parser reads them all
+        from .serving.server import main as serve
+
+        return serve(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)

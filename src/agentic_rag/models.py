@@ -22,7 +22,6 @@ tensors bit for bit. ``AGENTIC_RAG_CACHE=off`` turns the cache off.
 from __future__ import annotations
 
 import copy
-import functools
 import importlib.util
 import json
 import logging
@@ -31,6 +30,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .hub import hub_problem
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,11 @@ def resolve_model(name_or_path: str) -> ModelRef:
     return ModelRef(name_or_path, name_or_path)
 
 
+def _ref(name_or_ref: str | os.PathLike | ModelRef) -> ModelRef:
+    """A model name (or path) resolved (:func:`resolve_model`); a :class:`ModelRef` as it is."""
+    return name_or_ref if isinstance(name_or_ref, ModelRef) else resolve_model(os.fspath(name_or_ref))
+
+
 def model_problem(name_or_path: str, *, kind: str = "model") -> str | None:
     """What is wrong with a model (``kind="tokenizer"``: a tokenizer) name, found without loading anything (for
     config checks that run before any model loads); None when it may load.
@@ -146,38 +152,6 @@ def model_problem(name_or_path: str, *, kind: str = "model") -> str | None:
     return hub_problem(name_or_path)
 
 
-@functools.lru_cache(maxsize=64)
-def hub_problem(name: str, *, timeout_s: float = 5.0) -> str | None:
-    """Whether the hub name ``name`` can load, found in seconds: in the local Hugging Face cache it can; offline
-    (``HF_HUB_OFFLINE``) it cannot; otherwise one metadata request with a short timeout tells a missing model or an
-    unreachable hub at once, where ``from_pretrained`` would retry for a minute before failing."""
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.errors import HFValidationError
-
-    try:
-        cached = try_to_load_from_cache(name, "config.json")
-    except HFValidationError:
-        return f"{name!r} is not a local path, and not a hub name either (hub names look like org/model)"
-    if isinstance(cached, str):
-        return None
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
-        return (f"{name!r} is not a local path, and it is not in the Hugging Face cache while offline mode "
-                f"(HF_HUB_OFFLINE) is on: give a local model directory or .gguf file")
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    try:
-        HfApi().model_info(name, timeout=timeout_s)
-    except GatedRepoError:
-        return None  # exists; the download says whether the token may read it
-    except RepositoryNotFoundError:
-        return f"{name!r} is not a local path, and the hub has no model of that name (or it is private)"
-    except Exception as exc:  # noqa: BLE001 - no route to the hub: the load would retry for a minute, then fail
-        return (f"{name!r} is not a local path, and the hub cannot be reached to download it "
-                f"({type(exc).__name__}); give a local model directory or .gguf file")
-    return None
-
-
 def _hub_hint(name: str, exc: Exception) -> str:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     where = "a local directory" if Path(name).is_absolute() or name.startswith(".") else "a local directory or hub name"
@@ -194,12 +168,12 @@ def _declares_generic_tokenizer(name_or_path: str) -> bool:
     return declared in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path.parent / "tokenizer.json").is_file()
 
 
-def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
-    """The tokenizer of any model name (:func:`resolve_model`), with a pad token (the EOS token when the tokenizer
-    has none). A GGUF file's tokenizer comes with the chat template the file carries."""
+def load_tokenizer(name_or_path: str | os.PathLike | ModelRef, *, padding_side: str = "left"):
+    """The tokenizer of any model name (:func:`resolve_model`) or :class:`ModelRef`, with a pad token (the EOS
+    token when the tokenizer has none). A GGUF file's tokenizer comes with the chat template the file carries."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    ref = resolve_model(name_or_path)
+    ref = _ref(name_or_path)
     try:
         converted = gguf_converted(ref) if ref.is_gguf else None
         if converted is not None:
@@ -214,7 +188,7 @@ def load_tokenizer(name_or_path: str, *, padding_side: str = "left"):
         else:
             tok = AutoTokenizer.from_pretrained(ref.path)
     except (OSError, ValueError) as exc:
-        raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
+        raise FileNotFoundError(_hub_hint(ref.name, exc)) from exc
     if ref.is_gguf:
         tok.name_or_path = ref.name
     if tok.pad_token_id is None:
@@ -281,12 +255,12 @@ def gguf_converted(ref: ModelRef) -> Path | None:
     return target
 
 
-def load_config(name_or_path: str, **overrides: Any):
-    """The transformers config of any model name (:func:`resolve_model`), read without the weights: a GGUF
-    file's architecture comes from its metadata. ``overrides`` replace config fields."""
+def load_config(name_or_path: str | os.PathLike | ModelRef, **overrides: Any):
+    """The transformers config of any model name (:func:`resolve_model`) or :class:`ModelRef`, read without the
+    weights: a GGUF file's architecture comes from its metadata. ``overrides`` replace config fields."""
     from transformers import AutoConfig
 
-    ref = resolve_model(name_or_path)
+    ref = _ref(name_or_path)
     converted = gguf_converted(ref) if ref.is_gguf else None
     try:
         if converted is not None:
@@ -295,7 +269,7 @@ def load_config(name_or_path: str, **overrides: Any):
             return config
         return AutoConfig.from_pretrained(ref.path, **ref.pretrained_kwargs(), **overrides)
     except (OSError, ValueError) as exc:
-        raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
+        raise FileNotFoundError(_hub_hint(ref.name, exc)) from exc
 
 
 def torch_dtype(name: str) -> Any:
@@ -310,8 +284,9 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def load_pretrained_lm(name_or_path: str, **kwargs: Any):
-    """``AutoModelForCausalLM.from_pretrained`` for any model name (:func:`resolve_model`); ``kwargs`` go to it.
+def load_pretrained_lm(name_or_path: str | os.PathLike | ModelRef, **kwargs: Any):
+    """``AutoModelForCausalLM.from_pretrained`` for any model name (:func:`resolve_model`) or :class:`ModelRef`;
+    ``kwargs`` go to it.
 
     A GGUF model is dequantized on load (transformers' ``GgufConfig(dequantize=True)``): a plain float model
     with no quantizer attached, which trains, merges and saves like one loaded from safetensors. Its
@@ -320,13 +295,13 @@ def load_pretrained_lm(name_or_path: str, **kwargs: Any):
     on load (``quantization_config``): its weights are already a float copy of the file's blocks."""
     from transformers import AutoModelForCausalLM
 
-    ref = resolve_model(name_or_path)
+    ref = _ref(name_or_path)
     path = ref.path
     if ref.is_gguf:
         from transformers import GgufConfig
 
         if kwargs.get("quantization_config") is not None:
-            raise ValueError(f"{name_or_path!r} is a GGUF model, loaded dequantized to float; it cannot be quantized "
+            raise ValueError(f"{ref.name!r} is a GGUF model, loaded dequantized to float; it cannot be quantized "
                              "again on load (QLoRA's nf4): set model.quantization to none")
         converted = gguf_converted(ref)
         if converted is not None:
@@ -336,20 +311,20 @@ def load_pretrained_lm(name_or_path: str, **kwargs: Any):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
-        raise FileNotFoundError(_hub_hint(name_or_path, exc)) from exc
+        raise FileNotFoundError(_hub_hint(ref.name, exc)) from exc
     if ref.is_gguf:
         model.name_or_path = model.config.name_or_path = ref.name
     return model
 
 
-def load_causal_lm(name_or_path: str, *, adapter: str | None = None, dtype: str = "auto",
+def load_causal_lm(name_or_path: str | os.PathLike | ModelRef, *, adapter: str | None = None, dtype: str = "auto",
                    device: str | None = None, merge_adapter: bool = False):
-    """A causal LM (any model name, :func:`resolve_model`) in eval mode on ``device`` (default: CUDA when
-    available), with the LoRA adapter applied."""
+    """A causal LM (any model name, :func:`resolve_model`, or a :class:`ModelRef`) in eval mode on ``device``
+    (default: CUDA when available), with the LoRA adapter applied."""
     import torch
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_pretrained_lm(name_or_path, dtype=torch_dtype(dtype))
+    model = load_pretrained_lm(_ref(name_or_path), dtype=torch_dtype(dtype))
     if adapter:
         from peft import PeftModel
 

@@ -35,17 +35,14 @@ and the line, like every other malformed record.
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..jsonl import FileFormatError, decode, iter_json_container, iter_jsonl
 
-class QuestionFormatError(ValueError):
-    def __init__(self, path: str | os.PathLike, line: int, reason: str):
-        self.path, self.line, self.reason = str(path), line, reason
-        super().__init__(f"{path}:{line}: {reason}" if line else f"{path}: {reason}")
+QuestionFormatError = FileFormatError  # a malformed question file: path, line, reason
 
 
 @dataclass
@@ -63,27 +60,17 @@ class QARow:
 
 def _records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """``(line, record)`` from a JSON list or a JSONL file."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if not stripped:
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
+    if not head:
         raise QuestionFormatError(path, 1, "the file is empty")
-    if stripped[0] == "[":
-        from ..search.corpus import CorpusFormatError, iter_json_container
-
-        try:
-            for line, _, value in iter_json_container(path, text, "["):
-                yield line, value
-        except CorpusFormatError as exc:
-            raise QuestionFormatError(exc.path, exc.line, exc.reason) from None
+    if head[:1] != b"[":
+        yield from iter_jsonl(path)
         return
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            yield lineno, json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise QuestionFormatError(path, lineno, f"invalid JSON: {exc.msg}") from None
+    with open(path, "rb") as f:
+        text = decode(path, f.read())
+    for line, _, value in iter_json_container(path, text, "["):
+        yield line, value
 
 
 def _as_list(value: Any) -> list[str]:

@@ -57,10 +57,11 @@ def expert_questions(world: World, people: Sequence[str], *, two_hop_correct: fl
 
 
 def write_expert_trajectories(rows: Sequence[dict[str, Any]], out: str | os.PathLike, *, tokenizer, searcher,
-                              prompt_ids, limits) -> dict[str, Any]:
+                              prompt_ids, settings) -> dict[str, Any]:
     """Play every row's turns through the rollout engine; write token-level trajectories (JSONL) for SFT.
 
-    ``prompt_ids(question)`` builds a prompt the way training does. Returns counts by kind, and how many
+    ``prompt_ids(question)`` builds a prompt the way training does; ``settings`` are the training config's rollout
+    settings (:class:`~agentic_rag.rollout.settings.RolloutSettings`). Returns counts by kind, and how many
     trajectories did not end with the expert's answer (there should be none)."""
     from ..rollout import AgentRollout
     from ..rollout.scripted import ScriptedPolicy
@@ -80,7 +81,7 @@ def write_expert_trajectories(rows: Sequence[dict[str, Any]], out: str | os.Path
     trajs: list[Any] = [None] * len(rows)
     for members in passes:
         policy = ScriptedPolicy(tokenizer, {key(rows[i]["question"]): rows[i]["turns"] for i in members})
-        engine = AgentRollout(policy, tokenizer, searcher, "agentic", limits)
+        engine = AgentRollout(policy, tokenizer, searcher, settings)
         done = engine.run([prompt_ids(rows[i]["question"]) for i in members], [rows[i]["question"] for i in members])
         for i, t in zip(members, done, strict=True):
             trajs[i] = t

@@ -30,14 +30,10 @@ the tiny model's runs, too small to use 2 threads, go two at a time.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
-import math
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -50,15 +46,25 @@ from typing import Any
 from ..argtypes import Parser, positive_float, positive_int
 from ..errors import guarded
 from ..logs import configure_logging
+from .report import (
+    _mean,
+    dashboard,
+    plot,
+    reward_curve,
+    row,
+    table,
+    training_curves,  # noqa: F401 - experiments read it from here
+)
 
 log = logging.getLogger("agentic_rag.quickstart")
 
-ROOT = Path(__file__).resolve().parents[3]
-TINY_CONFIG = ROOT / "experiments" / "training" / "world_grpo.yaml"
-REAL_CONFIG = ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml"
+# the training recipes ship as package data (experiments/training/ links to them), so an installed package runs too
+CONFIGS = Path(__file__).resolve().parents[1] / "resources" / "configs"
+TINY_CONFIG = CONFIGS / "world_grpo.yaml"
+REAL_CONFIG = CONFIGS / "world_grpo_smollm2.yaml"
 REAL_MODEL = "smollm2-135m-instruct"
 SYSTEM_PROMPT = "Answer the question by searching."
-REWARD_WEIGHTS = {"em": 1.0, "format": 0.2}  # as in both training configs: exact_match 1.0, format 0.2
+# as in both training configs (em 1.0, format 0.2), with evaluation's well_formed standing in for the format reward
 JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
 SFT_BATCHES = ("random", "by_length")
 
@@ -114,13 +120,20 @@ def _step(title: str) -> float:
     return time.perf_counter()
 
 
-def _rollout_limits(s: Settings):
-    """The rollout limits of the training config (as training builds them), so SFT data, training and
-    evaluation see the same budgets."""
-    from ..config import load_config
-    from ..training.train import rollout_limits
+def _rollout(s: Settings):
+    """The training config's rollout settings, so the SFT data, its adapter, training and evaluation all run with
+    the very same ones."""
+    from ..training.config import load_config
 
-    return rollout_limits(load_config(s.train_config, env={}, check_files=False))
+    return load_config(s.train_config, env={}, check_files=False).rollout
+
+
+def _prompt(s: Settings, system_prompt: str | None = SYSTEM_PROMPT):
+    """The quick start's prompt: its short system prompt (None: the dialect's full instructions), the chat template
+    for the real model."""
+    from ..rollout.settings import PromptSettings
+
+    return PromptSettings(system_prompt=system_prompt or "", chat_template=s.chat)
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -192,19 +205,19 @@ def sft(s: Settings, init: str) -> Path:
     tok = load_tokenizer(init)
     info = write_expert_trajectories(rows, s.out / "sft_data.jsonl", tokenizer=tok,
                                      searcher=open_searcher(s.out / "index"), prompt_ids=prompt_builder(tok, s),
-                                     limits=_rollout_limits(s))
+                                     settings=_rollout(s))
     if info["not_ending_as_scripted"] or (s.tiny and info["unknown_tokens"]):
         raise RuntimeError(f"expert trajectories are not what the scripts say: {info}")
     print(f"   {info['trajectories']} expert trajectories: {info['by_kind']}", flush=True)
     if s.tiny:  # every weight of the tiny model, saved as a model directory
-        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=False,
-                          full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=16,
-                          seed=s.world_seed, logging_steps=100)
+        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
+                          prompt=_prompt(s), full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate,
+                          batch_size=16, seed=s.world_seed, logging_steps=100)
     else:  # a LoRA adapter on the real model, which GRPO goes on training (model.adapter)
-        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), chat=True,
-                          epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8, lora_r=16,
-                          lora_alpha=32, seed=s.world_seed, logging_steps=10, gradient_checkpointing=False,
-                          group_by_length=s.sft_batches == "by_length")
+        summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
+                          prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8,
+                          lora_r=16, lora_alpha=32, seed=s.world_seed, logging_steps=10,
+                          gradient_checkpointing=False, group_by_length=s.sft_batches == "by_length")
     summary["expert_trajectories"] = info
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out
@@ -220,23 +233,19 @@ def evaluate(s: Settings, name: str, model: str, adapter: Path | str | None, *,
              system_prompt: str | None = SYSTEM_PROMPT) -> dict[str, Any]:
     """Greedy evaluation on the held-out questions (the evaluation runner, resumable). ``system_prompt=None``:
     the dialect's full instructions (the prompted model's)."""
-    from ..evaluation.config import DatasetSection, EvalConfig, PolicySection, RolloutSection, SearchSection
+    from ..evaluation.config import DatasetSection, EvalConfig, PolicySection
     from ..evaluation.runner import run_evaluation
+    from ..search.settings import SearchSettings
 
-    limits = _rollout_limits(s)
     out = s.out / "eval" / name
     if _done(out / "summary.json"):
         return json.loads((out / "summary.json").read_text())
     cfg = EvalConfig(
         name=name, dataset=DatasetSection(path=str(s.out / "world" / "test.jsonl")),
         policy=PolicySection(type="local", model=str(model), adapter=str(adapter or ""), tokenizer=str(model),
-                             temperature=0.0, device="cpu"),
-        search=SearchSection(index=str(s.out / "index"), k=limits.passages_per_search),
-        rollout=RolloutSection(system_prompt=system_prompt or "", chat_template=s.chat, max_turns=limits.max_turns,
-                               max_searches=limits.max_searches, max_tokens_per_turn=limits.max_tokens_per_turn,
-                               max_completion_tokens=limits.max_completion_tokens,
-                               max_observation_tokens=limits.max_observation_tokens, batch_size=64),
-        metrics=["em", "f1", "format"], output_dir=str(out), seed=0)
+                             device="cpu"),
+        search=SearchSettings(index=str(s.out / "index")), rollout=_rollout(s), prompt=_prompt(s, system_prompt),
+        batch_size=64, metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
     return run_evaluation(cfg, progress=False, overwrite=True)
 
 
@@ -270,7 +279,7 @@ def sample_two_hop(s: Settings, policy_model, tok, two_hop: Sequence[dict[str, A
 
     asked = [q for q in two_hop for _ in range(samples)]
     engine = AgentRollout(HFPolicy(policy_model, tok, SamplingParams(temperature=temperature)), tok,
-                          open_searcher(s.out / "index"), "agentic", _rollout_limits(s))
+                          open_searcher(s.out / "index"), _rollout(s))
     build = prompt_builder(tok, s)
     trajs = engine.run([build(q["question"]) for q in asked], [q["question"] for q in asked])
     twice = [t.num_searches >= 2 for t in trajs]
@@ -325,7 +334,7 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
         return out
     base, adapter = models_of(s, sft_dir)
     sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.out / "world/train.jsonl",
-            "data.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
+            "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
             "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
@@ -342,14 +351,14 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
     env.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
     from ..outputs import mark_dir
-    from ..training.trainer import latest_complete_checkpoint
+    from ..training.checkpoints import latest_complete_checkpoint
 
     mark_dir(out, "train")
     if latest_complete_checkpoint(out, quarantine=False):
         cmd.append("--resume")  # an interrupted run goes on from its last checkpoint
     started = time.perf_counter()
     with open(out / "train.log", "w") as logf:
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         tail = (out / "train.log").read_text()[-3000:]
         raise RuntimeError(f"GRPO run {name} failed (exit {proc.returncode}); the end of {out / 'train.log'}:\n{tail}")
@@ -357,82 +366,6 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     print(f"   {name}: {len(rewards)} steps in {time.perf_counter() - started:.0f} s, reward "
           f"{_mean(rewards[:5]):.3f} (first 5 steps) -> {_mean(rewards[-5:]):.3f} (last 5)", flush=True)
     return out
-
-
-def dashboard(s: Settings, runs: dict[str, Path]) -> Path:
-    """One SwanLab dashboard with every run side by side: each run's logged metrics (its trainer's log history,
-    the numbers TRL handed to SwanLab during training) written again, one experiment per run, into a fresh
-    local-mode log directory. Each run's own log, written live, stays in ``runs/<name>/swanlog``."""
-    import swanlab
-
-    log_dir = s.out / "swanlog"
-    shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir(parents=True)
-    settings = json.loads((s.out / "settings.json").read_text())
-    chatter = io.StringIO()  # SwanLab announces every run it starts and finishes; the quick start says it once
-    with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-        for name, run_dir in runs.items():
-            history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
-            swanlab.init(project="quickstart", name=name, mode="local", log_dir=str(log_dir), config=settings)
-            for entry in history:
-                scalars = {k: v for k, v in entry.items() if k not in ("step", "epoch")
-                           and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
-                if "step" in entry and scalars:
-                    swanlab.log(scalars, step=int(entry["step"]))
-            swanlab.finish()
-    return log_dir
-
-
-def reward_curve(run_dir: Path) -> list[float]:
-    """The logged mean reward per step (shuffling keeps the mean: the control's curve is its true reward)."""
-    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
-    return [h["reward"] for h in history if "reward" in h]
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def row(name: str, summary: dict[str, Any]) -> dict[str, Any]:
-    m = summary["metrics"]
-    return {"model": name, "em": m["em"], "f1": m["f1"], "format": m["format"],
-            "searches": summary["searches_per_question"],
-            "reward": sum(w * (m[k] or 0.0) for k, w in REWARD_WEIGHTS.items())}
-
-
-def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = f"{'model':<22}{'EM':>7}{'F1':>7}{'format':>8}{'searches/q':>12}{'reward':>8}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['model']:<22}{r['em']:>7.3f}{r['f1']:>7.3f}{r['format']:>8.3f}{r['searches']:>12.2f}"
-                     f"{r['reward']:>8.3f}")
-    return "\n".join(lines)
-
-
-def plot(curves: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (name, ys) in enumerate(curves.items()):
-        steps = range(1, len(ys) + 1)
-        style = "--" if "control" in name else "-"
-        color = colors[i % len(colors)]
-        # each step's batch holds only a few questions: the raw curve is faint, a 5-step mean drawn over it
-        ax.plot(steps, ys, linestyle=style, color=color, alpha=0.25, linewidth=1)
-        smooth = [_mean(ys[max(0, j - 4):j + 1]) for j in range(len(ys))]
-        ax.plot(steps, smooth, linestyle=style, color=color, label=name)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward of the batch (EM + 0.2 format)")
-    ax.set_title("Quick start: GRPO vs shuffled-reward control")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -468,13 +401,6 @@ def check_settings(s: Settings) -> None:
                              f"start over")
     mark_dir(s.out, "quickstart")
     path.write_text(json.dumps(mine, indent=1))
-
-
-def training_curves(run_dir: Path) -> dict[str, list[float]]:
-    """Per-step curves from a run's logged history: reward, searches per trajectory, entropy of model tokens."""
-    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
-    keys = {"reward": "reward", "searches": "agentic/searches_per_trajectory", "entropy": "entropy"}
-    return {name: [h[key] for h in history if key in h] for name, key in keys.items()}
 
 
 def run(s: Settings) -> dict[str, Any]:
@@ -527,7 +453,7 @@ def run(s: Settings) -> dict[str, Any]:
     names = {(seed, c): f"{'control' if c else 'GRPO'} seed {seed}" for seed, c in jobs}
     curves = {names[j]: reward_curve(dirs[j]) for j in jobs}
     plot(curves, s.out / "reward_curve.png")
-    log_dir = dashboard(s, {names[j]: dirs[j] for j in jobs})
+    log_dir = dashboard(s.out, {names[j]: dirs[j] for j in jobs})
     em_before = before["metrics"]["em"]
     summary = {
         "seeds": s.seeds,
@@ -543,7 +469,7 @@ def run(s: Settings) -> dict[str, Any]:
         "settings": {"world_seed": s.world_seed, "model": s.model or "tiny", "two_hop_correct": s.two_hop_correct,
                      "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs,
                      "sft_learning_rate": s.sft_learning_rate, "sft_batches": s.sft_batches,
-                     "grpo_config": str(s.train_config.relative_to(ROOT)),
+                     "grpo_config": s.train_config.name,
                      "grpo_steps": len(next(iter(curves.values())))},
         "reward_curve": str(s.out / "reward_curve.png"),
         "swanlab_log_dir": str(log_dir),

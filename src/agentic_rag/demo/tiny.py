@@ -1,7 +1,8 @@
 """A word-level tokenizer trained on the demo task's own text, and a tiny Qwen2 model initialised from scratch.
 
-The quick start must not need a downloaded model, so it makes one. A word-level vocabulary (every world
-name is one or two whole tokens, the dialect's tags are single added tokens) keeps sequences short and
+The quick start's ``--tiny`` model: the same pipeline as with the real SmolLM2-135M-Instruct it runs by
+default, on a model made from scratch, in a minute or two. A word-level vocabulary (every world name is one
+or two whole tokens, the dialect's tags are single added tokens) keeps sequences short and
 makes copying a name from an observation into a query or an answer a one-token-at-a-time copy that a
 model of a few hundred thousand parameters learns in a minute of SFT. Input and output embeddings are
 tied, so copying also works for names the model never saw in training (the held-out people): attention

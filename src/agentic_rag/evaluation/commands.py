@@ -22,24 +22,37 @@ def _print_summary(summary: dict) -> None:
           file=sys.stderr)
 
 
+# the flags that run an evaluation without a YAML file -> the settings they set
+SHORTCUTS = {"model": "policy.model", "adapter": "policy.adapter", "questions": "dataset.path",
+             "index": "search.index", "output_dir": "output_dir", "limit": "dataset.limit"}
+
+
+def eval_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` and the shortcut flags, as overrides (the shortcuts after ``--set``: a named flag wins)."""
+    return [*(args.set or []), *(f"{dotted}={getattr(args, dest)}" for dest, dotted in SHORTCUTS.items()
+                                 if getattr(args, dest) is not None)]
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ..endpoints import EndpointError
     from ..errors import SearchFailuresError, UserError
-    from .config import describe, load_eval_config
+    from ..settings import describe, read_yaml
+    from .config import config_from_dict, resolve
     from .runner import run_evaluation
 
+    data = read_yaml(args.config) if args.config else {}
+    overrides = eval_overrides(args)
     if args.describe:
-        for name, default, help_ in describe():
-            print(f"{name:32} {default:14} {help_}")
+        cfg, loaded = resolve(data=data, source=args.config or "eval", overrides=overrides, check_files=False)
+        print("\n".join(describe(cfg, loaded.origins)))
         return 0
-    if not args.config:
-        raise ValueError("give --config FILE (see --describe for every setting)")
-    overrides = list(args.set or [])
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
-    if args.limit is not None:
-        overrides.append(f"dataset.limit={args.limit}")
-    cfg = load_eval_config(args.config, overrides=overrides)
+    if not args.config and not (args.model and args.questions and args.index):
+        raise UserError("give --config FILE, or --model M --questions FILE --index DIR_OR_URL (and --adapter DIR, "
+                        "--limit N, --out DIR as needed); --describe lists every setting")
+    name = Path(args.config).stem if args.config else Path(str(args.adapter or args.model)).name or "eval"
+    cfg = config_from_dict(data, source=args.config or "eval", overrides=overrides, default_name=name)
     try:
         summary = run_evaluation(cfg, progress=not args.no_progress, overwrite=args.overwrite,
                                  move_aside=args.move_aside)
@@ -79,17 +92,24 @@ def cmd_eval_report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a policy (local model + adapter, or an OpenAI-compatible endpoint) "
                                     "on a dataset: per-example JSONL + summary JSON, resumable")
-    p.add_argument("--config", default=None, help="evaluation YAML (experiments/evaluation/*.yaml)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a setting, e.g. --set policy.adapter=outputs/run/adapter (repeatable)")
-    p.add_argument("--output-dir", default=None, help="override output_dir")
-    p.add_argument("--limit", type=positive_int, default=None, help="override dataset.limit")
+    p.add_argument("--config", default=None, help="evaluation YAML (experiments/evaluation/*.yaml); without one, "
+                                                  "--model, --questions and --index are enough")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="override a setting, e.g. --set rollout.max_searches=2 (repeatable; --describe lists them)")
+    p.add_argument("--model", default=None, help="policy.model: the model (directory, .gguf, packaged name, hub name)")
+    p.add_argument("--adapter", default=None, help="policy.adapter: a LoRA adapter (its trained settings apply)")
+    p.add_argument("--questions", default=None, help="dataset.path: the question file")
+    p.add_argument("--index", default=None, help="search.index: an index directory or a search server URL")
+    p.add_argument("--output-dir", "--out", dest="output_dir", default=None, help="output_dir")
+    p.add_argument("--limit", type=positive_int, default=None, help="dataset.limit: the first N questions")
     p.add_argument("--overwrite", action="store_true",
                    help="start over instead of resuming: the new run replaces the earlier results in output_dir once "
                         "it is complete (until then they stay as they were)")
     add_move_aside(p, "output_dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--describe", action="store_true", help="list every config setting with its default and help")
+    p.add_argument("--describe", action="store_true",
+                   help="print every setting (dotted name, value, help) as resolved from the defaults, the config "
+                        "file, the adapter and the overrides, and exit; no model is loaded")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("score", help="re-score any system's predictions (JSONL) with the project's normalisation: "

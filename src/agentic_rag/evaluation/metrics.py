@@ -11,11 +11,15 @@ This module decides what is compared with what and how a run is summarised:
   R1-Searcher report, kept here to compare with their numbers (training has ``cover_em_tokens`` instead).
 * ``judge`` (ACC_L) is the LLM judge's verdict; the mean is over the examples that got one (``yes`` or
   ``no``), and how many got none (the judge failed or replied garbage) is reported next to it.
-* ``format`` is 1 when the trajectory is well formed for evaluation purposes: it ended by answering
+* ``well_formed`` is 1 when the trajectory is well formed for evaluation purposes: it ended by answering
   (``finish_reason == "answer"``, not a limit, EOS or cancellation), the answer is not empty, and the model
   never wrote an environment-only tag (``<observation>``, ``<information>``, ``<|begin_of_documents|>``: a
-  forged observation).
+  forged observation). (Runs written before the rename call it ``format``, the name the training reward that
+  scores the tag format has; :func:`~agentic_rag.rewards.registry.metric_value` reads either.)
 * A trajectory without an answer scores 0 on every accuracy metric.
+
+The metric names are the scorer registry's (:mod:`agentic_rag.rewards.registry`, shared with the training
+rewards); :func:`example_metrics` dispatches on them through :data:`METRIC_FUNCS`.
 
 The summary holds, besides the mean of every metric: ``n``, searches and turns per question, the
 per-question latency (seconds from the start of its batch to its finish) p50 / p99 / mean, tokens per
@@ -24,16 +28,18 @@ question, how trajectories ended, search errors, and the judge's failure counts.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
+from ..jsonl import FileFormatError, iter_jsonl
 from ..rewards.accuracy import choice_accuracy, cover_exact_match, exact_match, f1_score
+from ..rewards.registry import accuracy_names, compare_fn, get_scorer, metric_names, metric_value
 
-ACCURACY = ("em", "f1", "cover_em", "judge", "choice")
+# the accuracy metrics (the rest score the trajectory): what a report counts as fixed or broken per question
+ACCURACY = tuple(n for n in metric_names() if n in accuracy_names())
 
 
 def text_golds(golds: Sequence[str], options: Mapping[str, str] | None) -> list[str]:
@@ -45,33 +51,48 @@ def text_golds(golds: Sequence[str], options: Mapping[str, str] | None) -> list[
     return kept or list(golds)
 
 
-def format_ok(finish_reason: str, answer: str | None, events: Iterable[Mapping[str, Any]]) -> bool:
-    """Answered (not cut by a limit), a non-empty answer, no forged environment tag."""
+def is_well_formed(finish_reason: str, answer: str | None, events: Iterable[Mapping[str, Any]]) -> bool:
+    """Answered (not cut by a limit), a non-empty answer, no forged environment tag: the ``well_formed`` metric."""
     return (finish_reason == "answer" and bool((answer or "").strip())
             and not any(e.get("type") == "forged_tag" for e in events))
+
+
+class Example(NamedTuple):
+    """What a metric sees of one example."""
+
+    prediction: str | None
+    golds: Sequence[str]  # as given (a multiple-choice row's include the letter)
+    words: list[str]  # the golds in words (:func:`text_golds`)
+    options: Mapping[str, str] | None
+    well_formed: bool
+    judge: bool | None  # the judge's verdict, None = none
+
+
+# one function per metric of the registry that is not an answer comparison (those come from the registry)
+METRIC_FUNCS: dict[str, Callable[[Example], float | None]] = {
+    "choice": lambda e: choice_accuracy(e.prediction, e.golds, e.options) if e.options else None,
+    "judge": lambda e: None if e.judge is None else float(e.judge),
+    "well_formed": lambda e: float(e.well_formed),
+}
 
 
 def example_metrics(prediction: str | None, golds: Sequence[str], metrics: Sequence[str], *,
                     options: Mapping[str, str] | None = None, well_formed: bool = False,
                     judge: bool | None = None) -> dict[str, float | None]:
-    """The requested metrics of one example (``judge`` is the verdict already obtained, None = none)."""
-    words = text_golds(golds, options)
+    """The requested metrics of one example (``judge`` is the verdict already obtained, None = none). A name the
+    registry does not list as a metric is a ValueError; one it lists that has no function here, a bug."""
+    example = Example(prediction, golds, text_golds(golds, options), options, well_formed, judge)
     out: dict[str, float | None] = {}
     for name in metrics:
-        if name == "em":
-            out[name] = exact_match(prediction, words)
-        elif name == "f1":
-            out[name] = f1_score(prediction, words)
-        elif name == "cover_em":
-            out[name] = cover_exact_match(prediction, words)
-        elif name == "choice":
-            out[name] = choice_accuracy(prediction, golds, options) if options else None
-        elif name == "format":
-            out[name] = float(well_formed)
-        elif name == "judge":
-            out[name] = None if judge is None else float(judge)
-        else:
-            raise ValueError(f"unknown metric {name!r}")
+        if get_scorer(name, kind="metric").compare:  # the answer against the golds in words
+            out[name] = compare_fn(name)(prediction, example.words)
+            continue
+        fn = METRIC_FUNCS.get(name)
+        if fn is None:
+            raise NotImplementedError(f"metric {name!r} is in the scorer registry (agentic_rag.rewards.registry) but "
+                                      f"agentic_rag.evaluation.metrics has no function for it: add one to "
+                                      f"METRIC_FUNCS")
+        out[name] = fn(example)
     return out
 
 
@@ -95,7 +116,7 @@ def summarize(records: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> d
     means: dict[str, float | None] = {}
     counted: dict[str, int] = {}
     for name in metrics:
-        values = [r["metrics"][name] for r in records if r["metrics"].get(name) is not None]
+        values = [v for r in records if (v := metric_value(r["metrics"], name)) is not None]
         means[name] = _mean(values)
         counted[name] = len(values)
     latencies = [float(r["latency_s"]) for r in records if r.get("latency_s") is not None]
@@ -127,10 +148,7 @@ PRED_FIELDS = ("prediction", "pred_ans", "pred", "predicted_answer", "answer_pre
 GOLD_FIELDS = ("gold", "golden_answers", "answers", "answer")
 
 
-class PredictionFileError(ValueError):
-    def __init__(self, path: str | os.PathLike, line: int, reason: str):
-        self.path, self.line, self.reason = str(path), line, reason
-        super().__init__(f"{path}:{line}: {reason}")
+PredictionFileError = FileFormatError  # the name this module's callers and tests know
 
 
 def _as_golds(value: Any) -> list[str]:
@@ -153,39 +171,32 @@ def score_predictions(path: str | os.PathLike, *, pred_field: str | None = None,
     """
     totals = {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
     n = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise PredictionFileError(path, lineno, f"invalid JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise PredictionFileError(path, lineno, "a record must be a JSON object")
+    for lineno, obj in iter_jsonl(path):
+        if not isinstance(obj, dict):
+            raise PredictionFileError(path, lineno, "a record must be a JSON object")
+        if pred_field is None:
+            pred_field = next((k for k in PRED_FIELDS if k in obj), None)
             if pred_field is None:
-                pred_field = next((k for k in PRED_FIELDS if k in obj), None)
-                if pred_field is None:
-                    raise PredictionFileError(path, lineno, f"no prediction field (tried {', '.join(PRED_FIELDS)}); "
-                                                            f"name it with --pred-field (fields: {', '.join(obj)})")
+                raise PredictionFileError(path, lineno, f"no prediction field (tried {', '.join(PRED_FIELDS)}); "
+                                                        f"name it with --pred-field (fields: {', '.join(obj)})")
+        if answer_field is None:
+            answer_field = next((k for k in GOLD_FIELDS if k in obj and k != pred_field), None)
             if answer_field is None:
-                answer_field = next((k for k in GOLD_FIELDS if k in obj and k != pred_field), None)
-                if answer_field is None:
-                    raise PredictionFileError(path, lineno, f"no gold answer field (tried {', '.join(GOLD_FIELDS)}); "
-                                                            f"name it with --answer-field (fields: {', '.join(obj)})")
-            for name in (pred_field, answer_field):
-                if name not in obj:
-                    raise PredictionFileError(path, lineno, f"missing field '{name}'")
-            golds = _as_golds(obj[answer_field])
-            if not golds:
-                raise PredictionFileError(path, lineno, f"field '{answer_field}' holds no gold answer "
-                                                        f"(got {obj[answer_field]!r})")
-            pred = obj[pred_field]
-            pred = None if pred is None else str(pred)
-            totals["em"] += exact_match(pred, golds)
-            totals["f1"] += f1_score(pred, golds)
-            totals["cover_em"] += cover_exact_match(pred, golds)
-            n += 1
+                raise PredictionFileError(path, lineno, f"no gold answer field (tried {', '.join(GOLD_FIELDS)}); "
+                                                        f"name it with --answer-field (fields: {', '.join(obj)})")
+        for name in (pred_field, answer_field):
+            if name not in obj:
+                raise PredictionFileError(path, lineno, f"missing field '{name}'")
+        golds = _as_golds(obj[answer_field])
+        if not golds:
+            raise PredictionFileError(path, lineno, f"field '{answer_field}' holds no gold answer "
+                                                    f"(got {obj[answer_field]!r})")
+        pred = obj[pred_field]
+        pred = None if pred is None else str(pred)
+        totals["em"] += exact_match(pred, golds)
+        totals["f1"] += f1_score(pred, golds)
+        totals["cover_em"] += cover_exact_match(pred, golds)
+        n += 1
     if n == 0:
         raise PredictionFileError(path, 1, "no records")
     return {"n": n, **{k: v / n for k, v in totals.items()}, "pred_field": pred_field, "answer_field": answer_field}

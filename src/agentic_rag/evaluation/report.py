@@ -5,7 +5,7 @@
 * ``report.md``: one table row per run (every metric, searches and turns per question, latency), what
   each run was (model, adapter, dataset, index), the judge's failure counts, and - for runs that share
   example ids with the first run - how many examples each later run fixed and broke on each metric;
-* ``report.png`` (next to it): a grouped bar chart of the accuracy and format metrics, one bar per run.
+* ``report.png`` (next to it): a grouped bar chart of the accuracy metrics and well_formed, one bar per run.
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..jsonl import iter_jsonl
 from ..outputs import atomic_write_text, check_output_file
+from ..rewards.registry import metric_names, metric_value
 from .metrics import ACCURACY
 from .runner import PREDICTIONS, SUMMARY
 
 LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover-EM (ACC_R)", "judge": "judge (ACC_L)", "choice": "choice acc",
-          "format": "format"}
-ORDER = ("em", "f1", "cover_em", "judge", "choice", "format")
+          "well_formed": "well-formed"}  # a metric without a label shows its name
+ORDER = metric_names()
 
 
 class Run:
@@ -47,24 +49,23 @@ class Run:
         self.name = name or self.summary.get("run") or self.dir.name
 
     def metric(self, name: str) -> float | None:
-        return (self.summary.get("metrics") or {}).get(name)
+        """The metric's mean; a run written before ``well_formed`` was renamed has it as ``format``."""
+        return metric_value(self.summary.get("metrics") or {}, name)
 
     def per_example(self) -> dict[str, dict[str, Any]]:
         path = self.dir / PREDICTIONS
         if not path.is_file():
             return {}
         out = {}
-        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise UserError(f"{path}:{n}: not a JSON line; the file is damaged") from None
+        for n, rec in iter_jsonl(path):
             if not isinstance(rec, dict) or "id" not in rec:
                 raise UserError(f"{path}:{n}: not a record of agentic-rag eval (no 'id')")
             out[str(rec["id"])] = rec.get("metrics", {})
         return out
+
+
+def label(metric: str) -> str:
+    return LABELS.get(metric, metric)
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -77,7 +78,7 @@ def _metrics_present(runs: list[Run]) -> list[str]:
 
 def markdown_table(runs: list[Run]) -> str:
     metrics = _metrics_present(runs)
-    head = ["run", "n"] + [LABELS[m] for m in metrics] + ["searches/q", "turns/q", "latency p50 (s)", "p99 (s)"]
+    head = ["run", "n"] + [label(m) for m in metrics] + ["searches/q", "turns/q", "latency p50 (s)", "p99 (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         s = r.summary
@@ -104,7 +105,7 @@ def plot(runs: list[Run], path: str | os.PathLike) -> Path:
         bars = ax.bar(xs, ys, width, label=r.name)
         for bar, y in zip(bars, ys, strict=True):
             ax.annotate(f"{y:.2f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(metrics)), [LABELS[m] for m in metrics], fontsize=8)
+    ax.set_xticks(range(len(metrics)), [label(m) for m in metrics], fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("score")
     ax.legend(fontsize=8, loc="upper right")
@@ -129,12 +130,12 @@ def paired_lines(runs: list[Run]) -> list[str]:
             continue
         parts = []
         for m in ACCURACY:
-            pairs = [(base[i].get(m), other[i].get(m)) for i in shared]
+            pairs = [(metric_value(base[i], m), metric_value(other[i], m)) for i in shared]
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
             if pairs:
                 fixed = sum(1 for a, b in pairs if b > a)
                 broken = sum(1 for a, b in pairs if b < a)
-                parts.append(f"{LABELS[m]} +{fixed} / -{broken}")
+                parts.append(f"{label(m)} +{fixed} / -{broken}")
         lines.append(f"- **{r.name}** vs **{runs[0].name}** on {len(shared)} shared questions: " + "; ".join(parts))
     return lines
 

@@ -36,18 +36,19 @@ from typing import Any
 
 from ..data.questions import QARow, prompt_question, read_questions
 from ..errors import SearchFailuresError
+from ..jsonl import FileFormatError, parse_line
 from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir
 from ..rollout.trajectory import search_outcomes
 from .config import EvalConfig, EvalConfigError, config_to_dict
-from .metrics import example_metrics, format_ok, summarize
+from .metrics import example_metrics, is_well_formed, summarize
 
 log = logging.getLogger(__name__)
 
 PREDICTIONS, SUMMARY, CONFIG = "predictions.jsonl", "summary.json", "config.json"
 # settings that do not change results: they may differ between a run and its resumption
-HARMLESS = {"name", "output_dir", "dataset.limit", "policy.max_batch_size", "policy.concurrency", "policy.timeout_s",
+HARMLESS = {"name", "output_dir", "dataset.limit", "sampling.max_batch_size", "policy.concurrency", "policy.timeout_s",
             "policy.retries", "policy.device", "search.cache_size", "search.timeout_s", "search.max_failure_rate",
-            "rollout.batch_size", "judge.timeout_s", "judge.max_concurrency", "judge.retries"}
+            "batch_size", "judge.timeout_s", "judge.max_concurrency", "judge.retries"}
 # With --overwrite the new run is written here (inside output_dir) and moved over the old files only once it is
 # complete; an interrupted --overwrite run leaves the old results whole and resumes from here.
 NEXT = ".overwrite"
@@ -143,8 +144,8 @@ def load_done(path: Path) -> dict[str, dict[str, Any]]:
             end = pos + len(raw) + (1 if i < len(lines) - 1 else 0)
             if raw.strip():
                 try:
-                    rec = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                    rec = parse_line(raw, path, i + 1)
+                except FileFormatError:
                     if end >= len(data) and not data.endswith(b"\n"):
                         log.warning("%s: dropping a torn last line (an interrupted write)", path)
                         break
@@ -180,12 +181,11 @@ def build_tokenizer(cfg: EvalConfig):
 def sampling_params(cfg: EvalConfig):
     from ..rollout import SamplingParams
 
-    pol = cfg.policy
-    if pol.temperature == 0:
-        return SamplingParams(do_sample=False, top_p=pol.top_p, top_k=pol.top_k,
-                              repetition_penalty=pol.repetition_penalty)
-    return SamplingParams(temperature=pol.temperature, top_p=pol.top_p, top_k=pol.top_k,
-                          repetition_penalty=pol.repetition_penalty)
+    s = cfg.sampling
+    if s.temperature == 0:
+        return SamplingParams(do_sample=False, top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty)
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          repetition_penalty=s.repetition_penalty)
 
 
 def build_policy(cfg: EvalConfig, tokenizer):
@@ -205,7 +205,7 @@ def build_policy(cfg: EvalConfig, tokenizer):
     model = load_causal_lm(pol.model, adapter=pol.adapter or None, dtype=pol.dtype, device=pol.device or None,
                            merge_adapter=pol.merge_adapter)
     return HFPolicy(model, tokenizer, sampling_params(cfg), return_logprobs=False,
-                    max_batch_size=pol.max_batch_size or cfg.rollout.batch_size)
+                    max_batch_size=cfg.sampling.max_batch_size or cfg.batch_size)
 
 
 def build_searcher(cfg: EvalConfig):
@@ -213,17 +213,8 @@ def build_searcher(cfg: EvalConfig):
         return None
     from ..search import open_searcher
 
-    return open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size)
-
-
-def rollout_limits(cfg: EvalConfig):
-    from ..rollout import RolloutLimits
-
-    r = cfg.rollout
-    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
-                         max_completion_tokens=r.max_completion_tokens, passages_per_search=cfg.search.k,
-                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s,
-                         on_search_limit=r.on_search_limit)
+    return open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
+                         timeout=cfg.search.timeout_s)
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -245,7 +236,7 @@ def read_rows(cfg: EvalConfig) -> list[QARow]:
 
 def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> dict[str, Any]:
     options = row.meta.get("options") if isinstance(row.meta.get("options"), dict) else None
-    well_formed = format_ok(traj.finish_reason, traj.answer, traj.events)
+    well_formed = is_well_formed(traj.finish_reason, traj.answer, traj.events)
     scores = example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
                              judge=None if verdict is None else verdict.value)
     queries = [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
@@ -309,9 +300,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
         owned = policy is None
         policy = policy if policy is not None else build_policy(cfg, tokenizer)
-        engine = AgentRollout(policy, tokenizer, searcher, cfg.rollout.dialect, rollout_limits(cfg),
-                              summary_mode=cfg.rollout.summary_mode)
-        size = cfg.rollout.batch_size
+        engine = AgentRollout(policy, tokenizer, searcher, cfg.rollout, search_timeout_s=cfg.search.timeout_s)
+        size = cfg.batch_size
         bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
                    disable=not progress)
         try:
@@ -341,7 +331,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
     summary.update({
         "run": cfg.name, "dataset": cfg.dataset.path, "metrics_requested": metrics,
         "policy": {k: getattr(cfg.policy, k) for k in ("type", "model", "adapter", "base_url")},
-        "search": {"index": cfg.search.index, "retriever": cfg.search.retriever, "k": cfg.search.k},
+        "search": {"index": cfg.search.index, "retriever": cfg.search.retriever,
+                   "k": cfg.rollout.passages_per_search},
         "dialect": cfg.rollout.dialect,
         "this_session": {"examples": len(pending), "elapsed_s": round(elapsed, 3),
                          "questions_per_s": round(len(pending) / elapsed, 4) if pending and elapsed > 0 else None},
@@ -383,10 +374,10 @@ def probe_searcher(searcher: Any, where: str) -> None:
 
 def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: list[str], judge, build_prompt,
                hooks_cls) -> list[dict[str, Any]]:
-    r = cfg.rollout
+    p = cfg.prompt
     questions = [prompt_question(row) for row in batch]
-    prompts = [build_prompt(tokenizer, q, r.dialect, language=r.language, chat=r.chat_template,
-                            system=r.system_prompt or None) for q in questions]
+    prompts = [build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language, chat=p.chat_template,
+                            system=p.system_prompt or None) for q in questions]
     finished: dict[int, float] = {}
     t0 = time.perf_counter()
 

@@ -66,6 +66,7 @@ from ..search.types import Hit, Searcher, clean_query
 from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry
 from .policy import STOP_EOS, STOP_LENGTH, Policy
 from .protocol import Action, ActionKind, Dialect, get_dialect
+from .settings import RolloutSettings
 from .tool_calls import ToolBatch, ToolCall, ToolRunner
 from .trajectory import BACKTRACK_NOTE, ENV, MODEL, NOTICE, OBSERVATION, SUMMARY_NOTE, Trajectory
 
@@ -73,7 +74,19 @@ log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("answer", "eos", "turn_token_limit", "max_completion_tokens", "max_turns", "max_searches",
                   "cancelled")
-SEARCH_LIMIT_ACTIONS = ("observe", "end")
+MIN_TURN_TOKENS = 8  # below this much room left, a trajectory ends instead of starting a turn
+
+
+def check_settings(settings: RolloutSettings) -> list[str]:
+    """What is wrong with ``settings`` for a rollout, checked as a config checks them (an engine built in code
+    gets the same refusals as a YAML file)."""
+    from ..settings import SettingsError, load, to_dict
+
+    try:
+        load(RolloutSettings, data=to_dict(settings), env={}, source="rollout settings")
+    except SettingsError as exc:
+        return list(exc.problems)
+    return []
 
 
 @dataclass
@@ -89,40 +102,6 @@ class RolloutHooks:
     on_token: Callable[[int, int], None] | None = None
     on_event: Callable[[int, dict[str, Any]], None] | None = None
     cancelled: Callable[[int], bool] | None = None
-
-
-@dataclass
-class RolloutLimits:
-    """Budgets of one trajectory. Every one that runs out ends it with a finish_reason of its name, except
-    ``max_searches`` under ``on_search_limit="observe"``: a search past it gets a notice instead."""
-
-    max_turns: int = 8  # model turns
-    max_searches: int = 4  # search actions (a failed search counts)
-    # a search past max_searches: "observe" = refused with a notice (env tokens), the model goes on and may
-    # answer; "end" = the trajectory ends there with finish_reason max_searches
-    on_search_limit: str = "observe"
-    max_tokens_per_turn: int = 256  # new model tokens in one turn
-    max_completion_tokens: int = 1024  # everything after the prompt: model and environment tokens
-    passages_per_search: int = 3  # hits shown per query
-    max_observation_tokens: int = 384  # one observation, tags included; longer ones are truncated cleanly
-    search_timeout_s: float = 30.0  # one batch tool call
-    dedup_passages: bool = True  # a passage already shown in this trajectory is not shown again
-    min_turn_tokens: int = 8  # below this much room left, the trajectory ends instead of starting a turn
-
-    def __post_init__(self) -> None:
-        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("max_turns", "max_tokens_per_turn", "max_completion_tokens", "passages_per_search",
-                                 "max_observation_tokens") if getattr(self, name) < 1]
-        if self.max_searches < 0:
-            problems.append(f"max_searches must be >= 0, got {self.max_searches}")
-        if self.on_search_limit not in SEARCH_LIMIT_ACTIONS:
-            problems.append(f"on_search_limit must be 'observe' or 'end', got {self.on_search_limit!r}")
-        if self.search_timeout_s <= 0:
-            problems.append(f"search_timeout_s must be > 0, got {self.search_timeout_s}")
-        if self.max_observation_tokens < 16:
-            problems.append(f"max_observation_tokens must be >= 16 to hold the tags, got {self.max_observation_tokens}")
-        if problems:
-            raise ValueError("invalid rollout limits: " + "; ".join(problems))
 
 
 def as_registry(tools: ToolRegistry | Tool | Searcher | None) -> ToolRegistry:
@@ -141,15 +120,24 @@ class AgentRollout:
     """Runs a batch of prompts to finished trajectories. Safe to reuse; not safe to share across threads."""
 
     def __init__(self, policy: Policy, tokenizer: Any, tools: ToolRegistry | Tool | Searcher | None = None,
-                 protocol: Dialect | str = "agentic", limits: RolloutLimits | None = None, *,
-                 summary_mode: str = "replace"):
-        if summary_mode not in ("replace", "keep"):
-            raise ValueError(f"summary_mode must be 'replace' or 'keep', got {summary_mode!r}")
+                 settings: RolloutSettings | None = None, *, dialect: Dialect | None = None,
+                 search_timeout_s: float = 30.0, min_turn_tokens: int = MIN_TURN_TOKENS):
+        """``settings``: the dialect, limits and summary mode (:class:`~.settings.RolloutSettings`, checked here as
+        a config would be). ``dialect``: a :class:`~.protocol.Dialect` object of your own (another tool tag, say)
+        instead of the registry's ``settings.dialect``. ``search_timeout_s``: the most one batch tool call may take
+        (the config's ``search.timeout_s``). ``min_turn_tokens``: below this much room left, a trajectory ends
+        instead of starting a turn."""
+        settings = settings or RolloutSettings()
+        problems = check_settings(settings)
+        if search_timeout_s <= 0:
+            problems.append(f"search_timeout_s must be > 0, got {search_timeout_s}")
+        if problems:
+            raise ValueError("invalid rollout settings: " + "; ".join(problems))
         self.policy, self.tokenizer = policy, tokenizer
         self.tools = as_registry(tools)
-        self.dialect = get_dialect(protocol) if isinstance(protocol, str) else protocol
-        self.limits = limits or RolloutLimits()
-        self.summary_mode = summary_mode
+        self.settings = settings
+        self.dialect = dialect if dialect is not None else get_dialect(settings.dialect)
+        self.search_timeout_s, self.min_turn_tokens = search_timeout_s, min_turn_tokens
         missing = [t.tool for t in self.dialect.tool_tags if t.tool not in self.tools]
         if missing:
             log.warning("no tool registered for %s: those actions will get an error observation", missing)
@@ -194,11 +182,11 @@ class AgentRollout:
 
     def _budget(self, t: Trajectory) -> int | None:
         """The next turn's token budget, or None (and the trajectory finished) when there is no room."""
-        room = self.limits.max_completion_tokens - len(t.completion_ids)
-        if room < self.limits.min_turn_tokens:
+        room = self.settings.max_completion_tokens - len(t.completion_ids)
+        if room < self.min_turn_tokens:
             self._finish(t, "max_completion_tokens")
             return None
-        return min(self.limits.max_tokens_per_turn, room)
+        return min(self.settings.max_tokens_per_turn, room)
 
     def _cancelled(self, t: Trajectory, i: int) -> bool:
         if self._hooks.cancelled is not None and self._hooks.cancelled(i):
@@ -344,7 +332,7 @@ class AgentRollout:
                 action = Action(ActionKind.NONE)
             t.segments[segment].kind = action.kind.value
             done = self._apply(t, action, gen.stop, budget, calls, i)
-            if not done and t.num_turns >= self.limits.max_turns:
+            if not done and t.num_turns >= self.settings.max_turns:
                 calls = [c for c in calls if c.index != i]
                 self._finish(t, "max_turns")
                 done = True
@@ -360,7 +348,7 @@ class AgentRollout:
 
     def _apply(self, t: Trajectory, action: Action, stop: str, budget: int, calls: list[ToolCall], i: int) -> bool:
         """Carry out a turn's action; returns True when the trajectory is finished."""
-        lim = self.limits
+        lim = self.settings
         if action.kind is ActionKind.ANSWER:
             t.answer = action.content
             t.event("answer", text=action.content)
@@ -393,8 +381,8 @@ class AgentRollout:
         if action.kind is ActionKind.BACKTRACK:
             return not self._backtrack(t, action.content)
         if action.kind is ActionKind.SUMMARY:
-            t.event("summary", text=action.content, mode=self.summary_mode)
-            if self.summary_mode == "replace":
+            t.event("summary", text=action.content, mode=self.settings.summary_mode)
+            if self.settings.summary_mode == "replace":
                 body = f"Summary of the earlier steps: {action.content}" if action.content else "Summary: (empty)"
                 return not self._append_observation(t, body, parent=-1, kind=SUMMARY_NOTE)
             return False
@@ -421,8 +409,8 @@ class AgentRollout:
 
     def _submit(self, calls: list[ToolCall]) -> ToolBatch:
         """Start one batch call per tool for all ``calls`` (see :mod:`.tool_calls`)."""
-        k = self.limits.passages_per_search + (20 if self.limits.dedup_passages else 0)
-        return self._tool_runner.submit(calls, k, self.limits.search_timeout_s)
+        k = self.settings.passages_per_search + (20 if self.settings.dedup_passages else 0)
+        return self._tool_runner.submit(calls, k, self.search_timeout_s)
 
     def _observe_all(self, trajs: list[Trajectory], shown: list[set[str]], batch: ToolBatch,
                      calls: list[ToolCall] | None = None) -> None:
@@ -440,7 +428,7 @@ class AgentRollout:
             t.event("error", kind="search_failed", message=call.error, queries=list(call.action.queries))
             self._append_observation(t, f"Error: {call.error}. You may search again or answer.", kind=OBSERVATION)
             return
-        k = self.limits.passages_per_search
+        k = self.settings.passages_per_search
         multi = len(call.action.queries) > 1
         parts: list[str] = []
         spans: list[tuple[int, Hit, int, int]] = []  # (query index, hit, start, end of its text in the body)
@@ -453,7 +441,7 @@ class AgentRollout:
             else:
                 fresh: list[Hit] = []
                 for hit in result:
-                    if hit.docid in taken or (self.limits.dedup_passages and hit.docid in shown):
+                    if hit.docid in taken or (self.settings.dedup_passages and hit.docid in shown):
                         continue
                     fresh.append(hit)
                     taken.add(hit.docid)
@@ -495,8 +483,8 @@ class AgentRollout:
     def _fit_observation(self, t: Trajectory, body: str) -> tuple[list[int] | None, int]:
         """The observation's ids within this trajectory's limits, and how many leading characters of ``body``
         they hold (None and 0 when not even the tags fit)."""
-        room = self.limits.max_completion_tokens - len(t.completion_ids)
-        return self._fit(body, min(self.limits.max_observation_tokens, room))
+        room = self.settings.max_completion_tokens - len(t.completion_ids)
+        return self._fit(body, min(self.settings.max_observation_tokens, room))
 
     def _append_observation(self, t: Trajectory, body: str, parent: int | None = None, *, kind: str) -> bool:
         """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0) as a

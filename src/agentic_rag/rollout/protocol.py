@@ -70,6 +70,16 @@ class Dialect:
     # observation layout: "{i}" (1-based), "{title}", "{text}"
     passage_template: str = "({i}) {title}\n{text}"
     passage_joiner: str = "\n"
+    # the system prompt that teaches the dialect, per language (LANGUAGES)
+    prompts: dict[str, str] = field(default_factory=dict)
+
+    def system_prompt(self, language: str = "en") -> str:
+        """The dialect's own system prompt in ``language``."""
+        if language not in LANGUAGES:
+            raise ValueError(f"unknown prompt language {language!r}; choose one of {', '.join(LANGUAGES)}")
+        if language not in self.prompts:
+            raise ValueError(f"dialect {self.name!r} has no system prompt in {language!r}")
+        return self.prompts[language]
 
     # ------------------------------------------------------------------------------------- derived
 
@@ -167,6 +177,49 @@ class Dialect:
         return f"\n\n{self.observation_open}\n{body}\n{self.observation_close}\n\n"
 
 
+# Prompt languages: the labels of a base model's plain-text prompt ("{system}\n\nUser: {question}\nAssistant:").
+LANGUAGES: dict[str, tuple[str, str]] = {"en": ("User", "Assistant"), "zh": ("用户", "助手")}
+
+_EN = {
+    "agentic": (
+        "You answer questions by searching a document collection. Think inside <think> </think>. "
+        "To search, write <search> query </search>; several queries may go on separate lines. "
+        "The results come back inside <observation> </observation>; never write that tag yourself. "
+        "You may plan in <plan> </plan>, reason in <reasoning> </reasoning>, abandon your last search step "
+        "with <backtrack> why </backtrack>, condense what you know with <summary> </summary>, and conclude in "
+        "<conclusion> </conclusion>. Give the final answer, a short phrase, once inside <answer> </answer>, "
+        "and write nothing after it."),
+    "search-r1": (
+        "Answer the question. Reason inside <think> </think> whenever you receive new information. When you "
+        "lack knowledge, search with <search> query </search>; the top results come back between <information> "
+        "and </information>. Search as often as you need. When you know enough, give the answer inside "
+        "<answer> </answer>, briefly, without explanations."),
+    "r1-searcher": (
+        "The user asks a question and the assistant answers it. The assistant first thinks about the reasoning "
+        "process and then gives the answer. During thinking, the assistant can search for information by "
+        "writing <|begin_of_query|> keywords <|end_of_query|>; the system then returns the results inside "
+        "<|begin_of_documents|> ... <|end_of_documents|>. The reasoning is enclosed in <think> </think> and the "
+        "final answer in <answer> </answer>."),
+}
+
+_ZH = {
+    "agentic": (
+        "你通过检索文档库来回答问题。在 <think> </think> 中思考。检索时写 <search> 查询 </search>，多个查询可分行书写。"
+        "检索结果会出现在 <observation> </observation> 中，你自己绝不能写这个标签。你可以在 <plan> </plan> 中规划，"
+        "在 <reasoning> </reasoning> 中推理，用 <backtrack> 原因 </backtrack> 放弃上一步检索，用 <summary> </summary> "
+        "总结已知信息，在 <conclusion> </conclusion> 中给出结论。最终答案用简短的短语写在 <answer> </answer> 中，"
+        "只写一次，之后不要再写任何内容。"),
+    "search-r1": (
+        "回答给定的问题。每次获得新信息时，先在 <think> 和 </think> 中推理。如果发现缺少知识，可以用 <search> 查询 "
+        "</search> 调用搜索引擎，结果会出现在 <information> 和 </information> 之间。可以多次搜索。"
+        "如果不再需要外部知识，直接在 <answer> 和 </answer> 中给出答案，不要详细解释。"),
+    "r1-searcher": (
+        "用户提出问题，助手回答。助手先思考推理过程再给出答案。思考时，助手可以写 <|begin_of_query|> 关键词 "
+        "<|end_of_query|> 检索信息，系统会在 <|begin_of_documents|> ... <|end_of_documents|> 中返回结果。推理写在 "
+        "<think> </think> 中，最终答案写在 <answer> </answer> 中。"),
+}
+
+
 def agentic_dialect() -> Dialect:
     return Dialect(
         name="agentic",
@@ -175,6 +228,7 @@ def agentic_dialect() -> Dialect:
         summary=("<summary>", "</summary>"),
         content_tags=[("<think>", "</think>"), ("<plan>", "</plan>"), ("<reasoning>", "</reasoning>"),
                       ("<conclusion>", "</conclusion>")],
+        prompts={"en": _EN["agentic"], "zh": _ZH["agentic"]},
     )
 
 
@@ -188,6 +242,7 @@ def search_r1_dialect() -> Dialect:
         query_separators=(),
         max_queries_per_search=1,
         passage_template='Doc {i}(Title: "{title}") {text}',
+        prompts={"en": _EN["search-r1"], "zh": _ZH["search-r1"]},
     )
 
 
@@ -201,9 +256,11 @@ def r1_searcher_dialect() -> Dialect:
         query_separators=(),
         max_queries_per_search=1,
         passage_template="({i})Title: {title} Text: {text}",
+        prompts={"en": _EN["r1-searcher"], "zh": _ZH["r1-searcher"]},
     )
 
 
+# The dialect registry: every dialect name anywhere (configs, command-line choices, checks) comes from here.
 DIALECTS = {"agentic": agentic_dialect, "search-r1": search_r1_dialect, "r1-searcher": r1_searcher_dialect}
 
 
@@ -212,6 +269,12 @@ def get_dialect(name: str) -> Dialect:
         return DIALECTS[name]()
     except KeyError:
         raise ValueError(f"unknown dialect {name!r}; choose one of {', '.join(DIALECTS)}") from None
+
+
+def memory_actions(name: str) -> tuple[str, ...]:
+    """The memory actions (``backtrack``, ``summary``) dialect ``name`` has."""
+    d = get_dialect(name)
+    return tuple(a for a, tags in (("backtrack", d.backtrack), ("summary", d.summary)) if tags)
 
 
 _TAG = re.compile(r"</?[a-z_]+>|<\|[a-z_]+\|>")

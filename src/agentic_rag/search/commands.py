@@ -12,12 +12,14 @@ import sys
 
 from ..argtypes import non_negative_float, non_negative_int, port, positive_int, unit_float
 from ..outputs import add_move_aside
+from .settings import RETRIEVERS, retriever_names
 
 
 def add_searcher_args(p: argparse.ArgumentParser) -> None:
     """The options that pick and tune a searcher, shared by every command that searches."""
     p.add_argument("--index", required=True, help="index directory (agentic-rag index build) or search server URL")
-    p.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "hybrid"])
+    p.add_argument("--retriever", default="bm25", choices=retriever_names(),
+                   help="; ".join(f"{name}: {text}" for name, text in RETRIEVERS.items()))
     p.add_argument("--dense-encoder", default=None,
                    help="override the encoder recorded in the index (same model, another path)")
     p.add_argument("--fusion", default="weighted", choices=["rrf", "weighted"], help="hybrid fusion method")

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from tqdm import tqdm
+
+from ..jsonl import FileFormatError, decode, iter_json_container, jsonl_values
 
 FORMATS = ("json-list", "pyserini-jsonl", "kilt", "hotpot")
 
@@ -43,12 +45,7 @@ class Passage:
                           ensure_ascii=False)
 
 
-class CorpusFormatError(ValueError):
-    """A malformed record: says which file, which line and why."""
-
-    def __init__(self, path: str | os.PathLike, line: int, reason: str):
-        self.path, self.line, self.reason = str(path), line, reason
-        super().__init__(f"{path}:{line}: {reason}")
+CorpusFormatError = FileFormatError  # a malformed record: says which file, which line and why
 
 
 @dataclass
@@ -92,60 +89,6 @@ def detect_format(path: str | os.PathLike) -> str:
         raise CorpusFormatError(
             path, 1, f"cannot tell the format from the first record's keys {sorted(obj)[:8]}; pass --format")
     return "hotpot"  # one JSON object spread over several lines: a title -> sentences mapping
-
-
-# ------------------------------------------------------------------------------------ JSON with lines
-
-
-def _line_of(text: str, offset: int, cache: list[int]) -> int:
-    """1-based line number of ``offset``; ``cache`` holds [last_offset, last_line] to count incrementally."""
-    last_offset, last_line = cache
-    line = last_line + text.count("\n", last_offset, offset)
-    cache[0], cache[1] = offset, line
-    return line
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def iter_json_container(path: str | os.PathLike, text: str, opener: str) -> Iterator[tuple[int, Any, Any]]:
-    """Yield ``(line, key, value)`` for each element of a top-level JSON array (key None) or object.
-
-    Unlike ``json.load`` this knows the line each element starts on, so a bad record can be named exactly.
-    """
-    decoder = json.JSONDecoder()
-    closer = "]" if opener == "[" else "}"
-    cache = [0, 1]
-    i = _skip_ws(text, 0)
-    if i >= len(text) or text[i] != opener:
-        raise CorpusFormatError(path, 1, f"expected a JSON {'array' if opener == '[' else 'object'}")
-    i = _skip_ws(text, i + 1)
-    if i < len(text) and text[i] == closer:
-        return
-    while True:
-        line = _line_of(text, i, cache)
-        key = None
-        try:
-            if opener == "{":
-                key, i = decoder.raw_decode(text, i)
-                i = _skip_ws(text, i)
-                if i >= len(text) or text[i] != ":":
-                    raise CorpusFormatError(path, line, "expected ':' after an object key")
-                i = _skip_ws(text, i + 1)
-            value, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            raise CorpusFormatError(path, _line_of(text, exc.pos, cache), f"invalid JSON: {exc.msg}") from None
-        yield line, key, value
-        i = _skip_ws(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _skip_ws(text, i + 1)
-            continue
-        if i < len(text) and text[i] == closer:
-            return
-        raise CorpusFormatError(path, _line_of(text, i, cache), f"expected ',' or '{closer}'")
 
 
 # ------------------------------------------------------------------------------------------- readers
@@ -197,25 +140,18 @@ class _Reader:
     def __init__(self, path: str | os.PathLike, chunk_size: int):
         self.path, self.chunk_size = path, chunk_size
 
-    def _jsonl(self, f: TextIO) -> Iterator[tuple[int, dict | None, CorpusFormatError | None]]:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                hint = ""
-                if lineno == 1 and raw.lstrip().startswith(("[", "{")) and not raw.rstrip().endswith(("]", "}")):
-                    hint = ("; this format has one JSON object a line, and the file looks like one JSON document "
-                            "(a list, or a title -> sentences object): try --format auto")
-                yield lineno, None, CorpusFormatError(self.path, lineno, f"invalid JSON: {exc.msg}{hint}")
-                continue
-            if not isinstance(obj, dict):
+    def _jsonl(self, lines: Iterable[bytes]) -> Iterator[tuple[int, dict | None, CorpusFormatError | None]]:
+        for lineno, obj in jsonl_values(lines, self.path):
+            if isinstance(obj, FileFormatError):
+                if lineno == 1 and "one JSON document" in obj.reason:
+                    obj = CorpusFormatError(self.path, lineno, f"{obj.reason}: try --format auto")
+                yield lineno, None, obj
+            elif not isinstance(obj, dict):
                 yield lineno, None, CorpusFormatError(self.path, lineno, "a record must be a JSON object")
-                continue
-            yield lineno, obj, None
+            else:
+                yield lineno, obj, None
 
-    def pyserini_jsonl(self, f: TextIO) -> Iterator[tuple[int, list[Passage] | CorpusFormatError]]:
+    def pyserini_jsonl(self, f: Iterable[bytes]) -> Iterator[tuple[int, list[Passage] | CorpusFormatError]]:
         for lineno, obj, err in self._jsonl(f):
             if err is not None:
                 yield lineno, err
@@ -233,7 +169,7 @@ class _Reader:
             except CorpusFormatError as exc:
                 yield lineno, exc
 
-    def kilt(self, f: TextIO) -> Iterator[tuple[int, list[Passage] | CorpusFormatError]]:
+    def kilt(self, f: Iterable[bytes]) -> Iterator[tuple[int, list[Passage] | CorpusFormatError]]:
         for lineno, obj, err in self._jsonl(f):
             if err is not None:
                 yield lineno, err
@@ -294,20 +230,16 @@ def iter_passages(path: str | os.PathLike, fmt: str = "auto", *, skip_bad: bool 
     size = os.path.getsize(path)
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {Path(path).name}", disable=not progress)
     seen: set[str] = set()
-    try:
-        yield from _passages(path, fmt, reader, bar, stats, seen, skip_bad, size)
-    except UnicodeDecodeError as exc:
-        raise CorpusFormatError(path, stats.records + 1, f"not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r}"
-                                f" at offset {exc.start} of a read): save the corpus as UTF-8") from None
+    yield from _passages(path, fmt, reader, bar, stats, seen, skip_bad, size)
 
 
 def _passages(path, fmt: str, reader, bar, stats: CorpusStats, seen: set[str], skip_bad: bool,
               size: int) -> Iterator[Passage]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         if fmt in ("pyserini-jsonl", "kilt"):
             records = getattr(reader, fmt.replace("-", "_"))(_counting(f, bar))
         else:
-            text = f.read()
+            text = decode(path, f.read())
             bar.update(size)
             records = reader.json_list(text) if fmt == "json-list" else reader.hotpot(text)
         try:
@@ -338,9 +270,9 @@ def _check_passages(path: str | os.PathLike, line: int, passages: list[Passage],
     return passages
 
 
-def _counting(f: TextIO, bar: tqdm) -> Iterator[str]:
+def _counting(f: Iterable[bytes], bar: tqdm) -> Iterator[bytes]:
     for line in f:
-        bar.update(len(line.encode("utf-8")))
+        bar.update(len(line))
         yield line
 
 

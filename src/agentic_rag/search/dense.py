@@ -40,6 +40,11 @@ class Encoder:
         from sentence_transformers import SentenceTransformer
 
         self.path = resolve_encoder(name_or_path)
+        if not os.path.isdir(self.path):
+            from ..hub import hub_problem
+
+            if problem := hub_problem(self.path):
+                raise FileNotFoundError(f"cannot load the encoder: {problem}")
         if device is None:
             import torch
 

@@ -8,14 +8,10 @@ from pathlib import Path
 from .build import open_docstore, read_docids
 from .cache import CachedSearcher
 from .manifest import IndexManifest, check_corpus_unchanged, encoder_fingerprint, rebuild_hint
+from .settings import RETRIEVERS, is_url
 from .types import IndexMismatchError, IndexMissingError, Searcher
 
-RETRIEVERS = ("bm25", "dense", "hybrid")
 URL_CACHE_SIZE = 10000
-
-
-def is_url(index: str | os.PathLike) -> bool:
-    return str(index).startswith(("http://", "https://"))
 
 
 def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_encoder: str | None = None,

@@ -1,6 +1,6 @@
-"""What the chat server serves: a policy (base model + optional LoRA adapter), its tokenizer, a searcher,
-the dialect, the prompt settings (system prompt, chat template) and the rollout limits, loaded from a
-:class:`~.config.ServerConfig` (which holds the adapter's trained settings where the user set none).
+"""What the chat server serves: a policy (base model + optional LoRA adapter), its tokenizer, a searcher, and the
+rollout and prompt settings, loaded from a :class:`~.config.ServeConfig` (which holds the adapter's trained settings
+where the user set none).
 
 Tests and benchmarks pass ``processors`` (a forcing processor makes a tiny random model search and answer
 on cue) or a whole ``policy``; everything else is loaded exactly as in production.
@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..rollout.decoding import Processor, SamplingParams
-from ..rollout.engine import AgentRollout, RolloutLimits
+from ..rollout.engine import AgentRollout
 from ..rollout.policy import HFPolicy, Policy
 from ..rollout.protocol import Dialect, get_dialect
+from ..rollout.settings import PromptSettings, RolloutSettings
+from ..search.settings import is_url
 from ..search.types import Hit, PartialSearchError, Searcher, SearchError
-from .config import ServerConfig
+from .config import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,53 +59,56 @@ class PublicSearchErrors:
 
 @dataclass
 class ChatAgent:
+    """What the server runs: the policy and its tokenizer, the searcher, and the rollout and prompt settings (the
+    same objects the config holds, with the adapter's trained settings where the user set none)."""
+
     policy: Policy
     tokenizer: Any
     searcher: Searcher
-    dialect: Dialect
-    language: str = "en"
-    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    settings: RolloutSettings = field(default_factory=RolloutSettings)
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    search_timeout_s: float = 30.0
     context_length: int | None = None  # the model's maximum positions, when it says
     info: dict[str, Any] = field(default_factory=dict)
-    system: str | None = None  # the system prompt (None: the dialect's)
-    chat: bool | None = None  # the chat template (None: when the tokenizer has one)
-    summary_mode: str = "replace"
+
+    @property
+    def dialect(self) -> Dialect:
+        return get_dialect(self.settings.dialect)
 
     @classmethod
-    def load(cls, config: ServerConfig, *, processors: Sequence[Processor] = (), policy: Policy | None = None,
+    def load(cls, config: ServeConfig, *, processors: Sequence[Processor] = (), policy: Policy | None = None,
              tokenizer: Any = None, searcher: Searcher | None = None) -> ChatAgent:
         """Load the tokenizer, the model (+ adapter) and the searcher named by ``config``; given objects win."""
         from ..models import load_causal_lm, load_tokenizer
         from ..search import open_searcher
 
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+        m, r = config.model, config.rollout
+        if searcher is None:  # first: a dead search target stops the server at start, before the model loads
+            from ..search.probe import probe
+
+            searcher = open_searcher(config.search.index, config.search.retriever,
+                                     cache_size=config.search.cache_size, timeout=config.search.timeout_s)
+            probe(searcher, config.search.index)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(m.model)
         context = None
         if policy is None:
-            model = load_causal_lm(config.model, adapter=config.adapter or None, dtype=config.dtype,
-                                   device=config.device or None)
+            model = load_causal_lm(m.model, adapter=m.adapter or None, dtype=m.dtype, device=m.device or None)
             policy = HFPolicy(model, tokenizer, SamplingParams(temperature=1.0), return_logprobs=False,
-                              max_batch_size=config.max_batch, processors=processors)
+                              max_batch_size=config.server.max_batch, processors=processors)
             context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-            log.info("loaded model %s%s", config.model, f" + adapter {config.adapter}" if config.adapter else "")
-        if searcher is None:
-            searcher = open_searcher(config.search_target, config.retriever)
-        limits = RolloutLimits(max_turns=config.max_turns, max_searches=config.max_searches,
-                               max_tokens_per_turn=config.max_tokens_per_turn,
-                               max_completion_tokens=config.max_tokens,
-                               passages_per_search=config.passages_per_search,
-                               max_observation_tokens=config.max_observation_tokens,
-                               on_search_limit=config.on_search_limit)
-        if context and config.max_tokens >= context:
-            log.info("max_tokens %d does not fit the model's context of %d tokens: a request that sends no "
-                     "max_tokens gets what the context leaves after its prompt", config.max_tokens, context)
-        info = {"model": config.served_name, "base_model": config.model, "adapter": config.adapter or None,
-                "search": config.search_target, "retriever": None if config.search_url else config.retriever,
-                "dialect": config.dialect, "system_prompt": config.system_prompt or None,
-                "chat_template": config.chat_template}
-        return cls(policy, tokenizer, searcher, get_dialect(config.dialect), config.language, limits, context, info,
-                   system=config.system_prompt or None, chat=config.chat, summary_mode=config.summary_mode)
+            log.info("loaded model %s%s", m.model, f" + adapter {m.adapter}" if m.adapter else "")
+        if context and r.max_completion_tokens >= context:
+            log.info("rollout.max_completion_tokens %d does not fit the model's context of %d tokens: a request that "
+                     "sends no max_tokens gets what the context leaves after its prompt", r.max_completion_tokens,
+                     context)
+        info = {"model": config.served_name, "base_model": m.model, "adapter": m.adapter or None,
+                "search": config.search.index,
+                "retriever": None if is_url(config.search.index) else config.search.retriever,  # a server: its own
+                "dialect": r.dialect,
+                "system_prompt": config.prompt.system_prompt or None, "chat_template": config.prompt.chat_template}
+        return cls(policy, tokenizer, searcher, r, config.prompt, config.search.timeout_s, context, info)
 
     def engine(self) -> AgentRollout:
         searcher = None if self.searcher is None else PublicSearchErrors(self.searcher)
-        return AgentRollout(self.policy, self.tokenizer, searcher, self.dialect, self.limits,
-                            summary_mode=self.summary_mode)
+        return AgentRollout(self.policy, self.tokenizer, searcher, self.settings,
+                            search_timeout_s=self.search_timeout_s)

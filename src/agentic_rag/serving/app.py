@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..graceful import Drain, DrainMiddleware, ShuttingDown
 from .agent import ChatAgent
-from .config import ServerConfig
+from .config import ServeConfig
 from .conversation import prompt_ids
 from .replies import SSE_DONE, ReplyWriter, sse
 from .scheduler import Job, QueueFull, Scheduler
@@ -52,9 +52,9 @@ log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
 
 
-def max_body_bytes(config: ServerConfig) -> int:
+def max_body_bytes(config: ServeConfig) -> int:
     """Room for the largest allowed conversation, JSON-escaped (6 bytes per character at worst)."""
-    return config.max_messages * (6 * config.max_message_chars + 1024) + 65536
+    return config.server.max_messages * (6 * config.server.max_message_chars + 1024) + 65536
 
 
 class _JobStream(StreamingResponse):
@@ -73,15 +73,15 @@ class _JobStream(StreamingResponse):
             self.job.cancel()
 
 
-def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
+def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
     """The app; the engine thread starts with the app's lifespan and stops (cancelling its jobs) with it."""
-    scheduler = Scheduler(agent.engine(), max_batch=config.max_batch, queue_size=config.queue_size,
-                          base_limits=agent.limits)
+    scheduler = Scheduler(agent.engine(), max_batch=config.server.max_batch, queue_size=config.server.queue_size,
+                          base_settings=agent.settings)
     model_id = config.served_name
-    token = config.api_token.encode()
+    token = config.server.api_token.encode()
     body_limit = max_body_bytes(config)
     started = time.time()
-    drain = Drain(config.shutdown_grace_s, "chat server")
+    drain = Drain(config.server.shutdown_grace_s, "chat server")
 
     async def lifespan(app: FastAPI):
         scheduler.start()
@@ -128,13 +128,11 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
         if authorised(request):
             out.update(agent.info)
             out["scheduler"] = load
-            out["limits"] = {"max_tokens": config.max_tokens, "max_tokens_limit": config.max_tokens_limit,
-                             "max_prompt_tokens": config.max_prompt_tokens,
-                             "max_message_chars": config.max_message_chars, "max_messages": config.max_messages,
-                             "max_searches": config.max_searches, "max_turns": config.max_turns,
-                             "max_tokens_per_turn": config.max_tokens_per_turn,
-                             "passages_per_search": config.passages_per_search,
-                             "max_observation_tokens": config.max_observation_tokens,
+            srv = config.server
+            out["rollout"] = dataclasses.asdict(agent.settings)
+            out["limits"] = {"max_tokens": agent.settings.max_completion_tokens,
+                             "max_tokens_limit": srv.max_tokens_limit, "max_prompt_tokens": srv.max_prompt_tokens,
+                             "max_message_chars": srv.max_message_chars, "max_messages": srv.max_messages,
                              "context_length": agent.context_length}
         return out
 
@@ -160,8 +158,8 @@ def create_app(agent: ChatAgent, config: ServerConfig) -> FastAPI:
             raise shutting_down()
         req = check_request(parse_request(await _read_json(request, body_limit)), config)
         try:
-            ids = await asyncio.to_thread(prompt_ids, agent.tokenizer, req.messages, agent.dialect.name,
-                                          agent.language, system=agent.system, chat=agent.chat)
+            ids = await asyncio.to_thread(prompt_ids, agent.tokenizer, req.messages, agent.settings.dialect,
+                                          agent.prompt)
         except Exception as exc:  # noqa: BLE001 - text the tokenizer or the chat template refuses is bad input
             raise bad_request(f"the messages cannot be templated and tokenized: {type(exc).__name__}: "
                               f"{str(exc)[:200]}", "messages") from None
@@ -205,12 +203,13 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise bad_request(f"malformed JSON body: {str(exc)[:200] or type(exc).__name__}") from None
 
 
-def _fit_context(n: int, req: ChatRequest, config: ServerConfig, context_length: int | None) -> ChatRequest:
+def _fit_context(n: int, req: ChatRequest, config: ServeConfig, context_length: int | None) -> ChatRequest:
     """The request with its completion budget inside the model's context: the server's default max_tokens is cut
     to what the context leaves after the ``n`` prompt tokens; a max_tokens the client asked for that does not fit
     is refused, saying how much fits."""
-    if n > config.max_prompt_tokens:
-        raise bad_request(f"the conversation is {n} tokens; the limit is {config.max_prompt_tokens}", "messages")
+    if n > config.server.max_prompt_tokens:
+        raise bad_request(f"the conversation is {n} tokens; the limit is {config.server.max_prompt_tokens}",
+                          "messages")
     if not context_length or n + req.sampling.max_tokens <= context_length:
         return req
     room = context_length - n

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..rollout.decoding import SamplingParams
-from ..rollout.engine import AgentRollout, RolloutHooks, RolloutLimits
+from ..rollout.engine import MIN_TURN_TOKENS, AgentRollout, RolloutHooks
+from ..rollout.settings import RolloutSettings
 from ..rollout.trajectory import Trajectory
 from .schema import Sampling
 
@@ -86,12 +87,12 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, engine: AgentRollout, *, max_batch: int, queue_size: int,
-                 base_limits: RolloutLimits | None = None):
+                 base_settings: RolloutSettings | None = None):
         if max_batch < 1 or queue_size < 1:
             raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch} and {queue_size}")
         self.engine = engine
         self.max_batch, self.queue_size = max_batch, queue_size
-        self.base_limits = base_limits or engine.limits
+        self.base_settings = base_settings or engine.settings
         self.stats = SchedulerStats()
         self._queue: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
@@ -224,14 +225,17 @@ class Scheduler:
             _send(j, "done", t)
 
     def _configure(self, s: Sampling) -> None:
-        """Point the engine's policy and limits at this run's sampling settings (one worker: no race)."""
+        """Point the engine's policy and rollout settings at this run's (a request's max_tokens is its completion
+        budget; one worker: no race)."""
         policy = self.engine.policy
         if hasattr(policy, "sampling"):
             greedy = s.temperature == 0
             policy.sampling = SamplingParams(temperature=1.0 if greedy else s.temperature, top_p=s.top_p,
                                              do_sample=not greedy)
-        self.engine.limits = replace(self.base_limits, max_completion_tokens=s.max_tokens,
-                                     min_turn_tokens=min(self.base_limits.min_turn_tokens, s.max_tokens))
+        base = self.base_settings
+        self.engine.settings = replace(base, max_completion_tokens=s.max_tokens,
+                                       max_tokens_per_turn=min(base.max_tokens_per_turn, s.max_tokens))
+        self.engine.min_turn_tokens = min(MIN_TURN_TOKENS, s.max_tokens)
 
     def describe(self) -> dict[str, Any]:
         with self._cond:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from .config import ServerConfig
+from .config import ServeConfig
 
 ROLES = ("system", "developer", "user", "assistant")
 UNSUPPORTED_ROLES = ("tool", "function")
@@ -159,7 +159,7 @@ def _text(content: str | list[ContentPart] | None, i: int) -> str:
     return "".join(texts)
 
 
-def check_request(req: ChatCompletionRequest, config: ServerConfig) -> ChatRequest:
+def check_request(req: ChatCompletionRequest, config: ServeConfig) -> ChatRequest:
     """Meaning and limits; raises the first problem as an :class:`APIError`."""
     if req.model != config.served_name:
         raise APIError(404, f"the model {req.model!r} does not exist; this server serves {config.served_name!r}",
@@ -177,10 +177,10 @@ def check_request(req: ChatCompletionRequest, config: ServerConfig) -> ChatReque
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is None:
-        max_tokens = config.max_tokens
-    elif not 1 <= max_tokens <= config.max_tokens_limit:
-        raise bad_request(f"{param} must be between 1 and {config.max_tokens_limit}, got {max_tokens}", param)
-    temperature = config.temperature if req.temperature is None else req.temperature
+        max_tokens = config.rollout.max_completion_tokens
+    elif not 1 <= max_tokens <= config.server.max_tokens_limit:
+        raise bad_request(f"{param} must be between 1 and {config.server.max_tokens_limit}, got {max_tokens}", param)
+    temperature = config.server.temperature if req.temperature is None else req.temperature
     if not 0 <= temperature <= 2:
         raise bad_request(f"temperature must be between 0 and 2, got {temperature}", "temperature")
     top_p = 1.0 if req.top_p is None else req.top_p
@@ -194,11 +194,11 @@ def check_request(req: ChatCompletionRequest, config: ServerConfig) -> ChatReque
                        max_tokens_given=req.max_completion_tokens is not None or req.max_tokens is not None)
 
 
-def _check_messages_shape(req: ChatCompletionRequest, config: ServerConfig) -> None:
+def _check_messages_shape(req: ChatCompletionRequest, config: ServeConfig) -> None:
     if not req.messages:
         raise bad_request("messages is empty: send at least one user message", "messages")
-    if len(req.messages) > config.max_messages:
-        raise bad_request(f"{len(req.messages)} messages; the limit is {config.max_messages}", "messages")
+    if len(req.messages) > config.server.max_messages:
+        raise bad_request(f"{len(req.messages)} messages; the limit is {config.server.max_messages}", "messages")
     for i, m in enumerate(req.messages):
         if m.role in UNSUPPORTED_ROLES:
             raise bad_request(f"messages[{i}].role {m.role!r} is not supported (the server runs its own tools)",
@@ -208,15 +208,15 @@ def _check_messages_shape(req: ChatCompletionRequest, config: ServerConfig) -> N
                               f"messages[{i}].role")
 
 
-def _normalise(req: ChatCompletionRequest, config: ServerConfig) -> list[dict[str, str]]:
+def _normalise(req: ChatCompletionRequest, config: ServeConfig) -> list[dict[str, str]]:
     """Texts, sizes, and the order: an optional system message first, then user and assistant alternating,
     beginning and ending with user."""
     out: list[dict[str, str]] = []
     for i, m in enumerate(req.messages):
         text = _text(m.content, i)
-        if len(text) > config.max_message_chars:
+        if len(text) > config.server.max_message_chars:
             raise bad_request(f"messages[{i}].content is {len(text)} characters; the limit is "
-                              f"{config.max_message_chars}", f"messages[{i}].content")
+                              f"{config.server.max_message_chars}", f"messages[{i}].content")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:

@@ -7,13 +7,18 @@ import json
 
 from ..argtypes import positive_float, positive_int
 from ..outputs import add_move_aside
+from ..rollout.trained_settings import SavedSettings
+from ..settings import add_flags, flag_overrides, load
+
+SFT_FLAGS: dict[str, str] = {}  # flag dest -> setting, filled when the parser is built
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import main
 
-    argv = ["--config", args.config, *(["--resume"] if args.resume else []), *(["--check"] if args.check else []),
-            *(["--move-aside"] if args.move_aside else [])]
+    argv = [*(["--config", args.config] if args.config else []), *(["--resume"] if args.resume else []),
+            *(["--check"] if args.check else []), *(["--move-aside"] if args.move_aside else []),
+            *(["--describe"] if args.describe else [])]
     for item in args.set:
         argv += ["--set", item]
     return main(argv)
@@ -25,14 +30,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from ..outputs import check_apart, claim_dir
     from .sft import run_sft
 
-    # everything the user named is checked before the model loads
+    # everything the user named is checked before the model loads: the settings first, then the paths
+    saved, _ = load(SavedSettings, env={}, overrides=flag_overrides(args, SFT_FLAGS), source="sft")
     input_file(args.data, "--data", what="JSONL trajectory file")
     if problem := model_problem(args.model):
         raise ValueError(f"--model: {problem}")
     check_apart(args.out, {"--model": args.model, "--data": args.data})
     claim_dir(args.out, "sft", move_aside=args.move_aside)
-    summary = run_sft(model=args.model, data=args.data, output_dir=args.out, dialect=args.dialect,
-                      language=args.language, chat=args.chat, epochs=args.epochs, learning_rate=args.lr,
+    summary = run_sft(model=args.model, data=args.data, output_dir=args.out, rollout=saved.rollout,
+                      prompt=saved.prompt, epochs=args.epochs, learning_rate=args.lr,
                       batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha, full=args.full,
                       merge=args.merge,
                       max_length=args.max_length, seed=args.seed)
@@ -43,13 +49,16 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="GRPO training from an experiment YAML (one process; multi-GPU: "
                                      "script/training/train_zero2.sh)")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", default=None, help="experiment YAML (experiments/training/*.yaml)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
     p.add_argument("--check", action="store_true",
                    help="validate the config, read the training questions, open and probe the search target, check "
                         "the output directory, and exit (no model is loaded)")
     add_move_aside(p, "checkpoint.output_dir")
+    p.add_argument("--describe", action="store_true",
+                   help="print every setting (dotted name, value, help) as resolved from the defaults, the config "
+                        "file, the environment and --set, and exit; without --config, the defaults")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised warm start on trajectories (environment tokens masked)")
@@ -57,10 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                      "packaged model (smollm2-135m-instruct)")
     p.add_argument("--data", required=True, help="JSONL trajectories (token level or question/completion text)")
     p.add_argument("--out", required=True, help="output directory (LoRA adapter, or full model with --full)")
-    p.add_argument("--dialect", default="agentic", choices=["agentic", "search-r1", "r1-searcher"])
-    p.add_argument("--language", default="en", choices=["en", "zh"])
-    p.add_argument("--chat", default=None, type=lambda s: s.lower() in ("1", "true", "yes"),
-                   help="use the chat template (default: when the tokenizer has one)")
+    # the rollout and prompt settings the trajectories were made with: recorded with the model (agentic_rag.json)
+    SFT_FLAGS.update(add_flags(p, SavedSettings))
     p.add_argument("--epochs", type=positive_float, default=1.0)
     p.add_argument("--lr", type=positive_float, default=2e-4)
     p.add_argument("--batch-size", type=positive_int, default=4)

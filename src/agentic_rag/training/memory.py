@@ -2,13 +2,19 @@
 
 Why: the product promises that QLoRA + DeepSpeed trains a 32B model with search on two A100s. Users need to know
 what fits before a 30-minute model load dies with an out-of-memory error, and the trainer warns when the estimate
-says it will not fit (:func:`check_fits`).
+says it will not fit (:func:`~agentic_rag.training.memory_advice.check_fits`).
+
+This module holds the estimate itself: the training setup (:class:`TrainingSetup`), the byte terms and phases
+(:func:`estimate`, :class:`MemoryEstimate`). The model's shape comes from :mod:`.model_arch` (read from its config,
+no weights); the fit verdicts and the advice on what to change are in :mod:`.memory_advice`; the probes of the
+machine's GPU and RAM in :mod:`.machine`.
 
 What is modelled (the training setup of this project; every number below is per GPU):
 
-* **Model.** The config is instantiated on the ``meta`` device (no weights, no download) and its parameters are
-  counted module by module: the input embedding, the LM head (0 when tied), every ``nn.Linear`` (the layers
-  bitsandbytes quantises and LoRA targets; the LM head is never quantised) and the rest (norms, biases).
+* **Model** (:class:`~agentic_rag.training.model_arch.ModelArch`): the config is instantiated on the ``meta``
+  device (no weights, no download) and its parameters are counted module by module: the input embedding, the LM
+  head (0 when tied), every ``nn.Linear`` (the layers bitsandbytes quantises and LoRA targets; the LM head is never
+  quantised) and the rest (norms, biases).
 * **Base weights** (``weights``). ``quant=none``: bf16, 2 bytes/parameter. ``nf4`` (bitsandbytes 4-bit, quant
   storage bf16 so ZeRO-3 can shard the packed weights): 0.5 byte/parameter of every linear weight, plus the
   quantisation constants: one absmax per 64-element block, fp32 (4 bytes) without double quantisation; with double
@@ -101,15 +107,10 @@ All sizes are in GiB (2**30 bytes), the unit ``torch.cuda`` and ``nvidia-smi`` r
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import re
-from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .model_arch import ModelArch, load_arch
 
 GiB = 2**30
 
@@ -117,10 +118,6 @@ GiB = 2**30
 CUDA_CONTEXT_GB = 0.6  # CUDA context + cuBLAS/cuDNN workspaces: not in max_memory_allocated, but on the GPU
 NCCL_BUFFERS_GB = 0.5  # NCCL communicator buffers per GPU when more than one GPU takes part
 ALLOCATOR_FRAGMENTATION = 0.10  # reserved-but-unallocated share of PyTorch's caching allocator at the peak
-
-# bitsandbytes block sizes.
-NF4_BLOCK = 64  # elements per absmax of the 4-bit weights
-DOUBLE_QUANT_BLOCK = 256  # absmax values per second-level fp32 absmax (double quantisation)
 
 # TRL 1.16's fused LM head tiles: trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE tokens by
 # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries.
@@ -133,221 +130,14 @@ FUSED_HEAD_FP32_PER_TOKEN = 9
 # bytes per (completion token, vocabulary entry) of a trainer that materialises the logits (``logits="full"``).
 FULL_LOGITS_BYTES_PER_ELEMENT = 10
 
-# DeepSpeed settings as the HF integration's "auto" fills them.
+# DeepSpeed's stage3_prefetch_bucket_size as the HF integration's "auto" fills it.
 ZERO3_PREFETCH_FRACTION = 0.9  # stage3_prefetch_bucket_size = 0.9 * hidden_size**2 elements
-ZERO3_PERSISTENCE_FACTOR = 10  # stage3_param_persistence_threshold = 10 * hidden_size: smaller params not sharded
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QUANT_CHOICES = ("none", "nf4", "int8")
 ZERO_CHOICES = (2, 3)
 LOGITS_CHOICES = ("fused", "full")
 DEVICE_CHOICES = ("cuda", "cpu")
-
-CONFIG_DIR = "resources/model_configs"
-HUB_ID_KEY = "_hub_id"
-
-
-# ------------------------------------------------------------------------------------------ model architecture
-
-
-@dataclass(frozen=True)
-class LinearGroup:
-    """All ``nn.Linear`` layers (LM head excluded) whose qualified name ends with ``name``, e.g. every ``q_proj``."""
-
-    name: str
-    in_features: int
-    out_features: int
-    count: int
-    bias: bool
-
-    @property
-    def weight_params(self) -> int:
-        return self.in_features * self.out_features * self.count
-
-
-@dataclass(frozen=True)
-class ModelArch:
-    """What the estimator needs from a model: its shape and its parameters counted per kind (on the meta device)."""
-
-    name: str
-    model_type: str
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    total_params: int
-    embedding_params: int
-    lm_head_params: int  # 0 when tied to the embedding
-    linears: tuple[LinearGroup, ...]  # every nn.Linear but the LM head, grouped by name suffix
-    small_params: int  # parameters below ZeRO-3's persistence threshold (norms, biases): never sharded
-    quant_blocks: int  # 64-element nf4 blocks over all linear weights
-    quant_blocks_l2: int  # second-level (double quant) blocks, summed per weight
-    quant_weights: int  # number of quantised weight matrices
-
-    @property
-    def linear_weight_params(self) -> int:
-        return sum(g.weight_params for g in self.linears)
-
-    @property
-    def dense_params(self) -> int:
-        """Parameters that stay in the compute dtype when the linear weights are quantised."""
-        return self.total_params - self.linear_weight_params
-
-    @property
-    def largest_linear(self) -> int:
-        return max((g.in_features * g.out_features for g in self.linears), default=0)
-
-    @property
-    def int8_scales(self) -> int:
-        return sum(g.out_features * g.count for g in self.linears)
-
-    def group(self, name: str) -> LinearGroup | None:
-        return next((g for g in self.linears if g.name == name), None)
-
-    def lora_groups(self, targets: tuple[str, ...]) -> list[LinearGroup]:
-        """The linear layers LoRA adapts: those named in ``targets``, or all of them for PEFT's "all-linear"."""
-        if "all-linear" in targets:
-            return list(self.linears)
-        return [g for g in self.linears if g.name in targets]
-
-    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
-        return sum(rank * (g.in_features + g.out_features) * g.count for g in self.lora_groups(targets))
-
-
-def builtin_models() -> dict[str, str]:
-    """Built-in configs shipped with the package: ``{name: hub id}`` (loadable offline)."""
-    out = {}
-    for entry in sorted(resources.files("agentic_rag").joinpath(CONFIG_DIR).iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".json"):
-            out[entry.name[: -len(".json")]] = json.loads(entry.read_text())[HUB_ID_KEY]
-    return out
-
-
-def _config_from_dict(data: dict[str, Any], overrides: dict[str, Any]):
-    from transformers import AutoConfig
-
-    data = {k: v for k, v in data.items() if not k.startswith("_")} | overrides
-    model_type = data.pop("model_type", None)
-    if not model_type:
-        raise ValueError("the config has no 'model_type'; it is not a transformers config.json")
-    try:
-        return AutoConfig.for_model(model_type, **data)
-    except (KeyError, ValueError) as exc:
-        raise ValueError(f"transformers does not know model_type {model_type!r}: {exc}") from None
-
-
-def resolve_config(model: str, **overrides: Any):
-    """The transformers config for ``model``: a local model directory or config.json, a GGUF file or a packaged
-    model's short name (the architecture from the GGUF's metadata, :func:`agentic_rag.models.load_config`), a
-    built-in name (or the hub id of a built-in), else a Hugging Face hub id (needs network or the local HF cache).
-    ``overrides`` replace config fields before the config is built (e.g. ``num_hidden_layers=2`` for a shrunk copy
-    of a real architecture)."""
-    from ..models import PACKAGED_MODELS, load_config, resolve_model
-
-    if resolve_model(model).is_gguf:
-        config = load_config(model)
-        return _config_from_dict(config.to_dict(), overrides) if overrides else config
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is a directory without a config.json")
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            return _config_from_dict(json.loads(path.read_text()), overrides)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    builtins = builtin_models()
-    by_hub_id = {hub.lower(): name for name, hub in builtins.items()}
-    name = model.lower()
-    name = by_hub_id.get(name, name)
-    if name in builtins:
-        text = resources.files("agentic_rag").joinpath(f"{CONFIG_DIR}/{name}.json").read_text()
-        return _config_from_dict(json.loads(text), overrides)
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-        raise ValueError(f"--model {model!r} is neither an existing path (a model directory, config.json or .gguf "
-                         f"file), a packaged model ({', '.join(PACKAGED_MODELS)}), a built-in config "
-                         f"({', '.join(builtins)}) nor a Hugging Face hub id (org/name)")
-    try:
-        return load_config(model, **overrides)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"could not load the config of {model!r} from the Hugging Face hub (offline, unreachable or "
-                         f"no such model: {first}). Pass a local model directory or config.json, or a built-in "
-                         f"config: {', '.join(builtins)}") from None
-
-
-def arch_from_config(config, name: str = "") -> ModelArch:
-    """Count ``config``'s parameters per kind by instantiating it on the meta device (no memory, no weights)."""
-    import torch
-    from torch import nn
-    from transformers import AutoModelForCausalLM
-
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-               if getattr(text, k, None) is None]
-    if missing:
-        raise ValueError(f"config of {name or config.model_type!r} lacks {missing}: only dense decoder-only models "
-                         "are supported")
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"cannot build a causal LM from the config of {name!r}: {exc}") from None
-    h = text.hidden_size
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or h // heads
-    out_emb = model.get_output_embeddings()
-    in_emb = model.get_input_embeddings()
-    head_weight = out_emb.weight if out_emb is not None else None
-    tied = head_weight is not None and head_weight is in_emb.weight
-    groups: dict[str, list] = {}
-    blocks = blocks_l2 = n_weights = 0
-    for qual, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or module is out_emb:
-            continue
-        suffix = qual.rsplit(".", 1)[-1]
-        key = (suffix, module.in_features, module.out_features, module.bias is not None)
-        g = groups.setdefault(suffix, [key, 0])
-        if g[0] != key:  # same name, another shape: keep apart
-            g = groups.setdefault(qual, [(qual, *key[1:]), 0])
-        g[1] += 1
-        n_blocks = math.ceil(module.weight.numel() / NF4_BLOCK)
-        blocks += n_blocks
-        blocks_l2 += math.ceil(n_blocks / DOUBLE_QUANT_BLOCK)
-        n_weights += 1
-    threshold = ZERO3_PERSISTENCE_FACTOR * h
-    params = {id(p): p for p in model.parameters()}.values()
-    return ModelArch(
-        name=name or getattr(config, "_name_or_path", "") or config.model_type,
-        model_type=config.model_type,
-        hidden_size=h,
-        intermediate_size=text.intermediate_size,
-        num_layers=text.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
-        vocab_size=text.vocab_size,
-        tie_word_embeddings=tied,
-        total_params=sum(p.numel() for p in params),
-        embedding_params=in_emb.weight.numel(),
-        lm_head_params=0 if tied or head_weight is None else head_weight.numel(),
-        linears=tuple(LinearGroup(k[0], k[1], k[2], n, k[3]) for k, n in groups.values()),
-        small_params=sum(p.numel() for p in params if p.numel() < threshold),
-        quant_blocks=blocks,
-        quant_blocks_l2=blocks_l2,
-        quant_weights=n_weights,
-    )
-
-
-@lru_cache(maxsize=32)
-def load_arch(model: str) -> ModelArch:
-    """The :class:`ModelArch` of a model directory, config.json, built-in name or hub id (:func:`resolve_config`)."""
-    return arch_from_config(resolve_config(model), name=model)
 
 
 # ---------------------------------------------------------------------------------------------- training setup
@@ -357,7 +147,7 @@ def load_arch(model: str) -> ModelArch:
 class TrainingSetup:
     """How the model is trained; every field has the meaning of the ``estimate-memory`` option of the same name.
 
-    The defaults follow the project's training config (``agentic_rag.config``): bf16 LoRA r=16 with dropout 0.05
+    The defaults follow the training config (``agentic_rag.training.config``): bf16 LoRA r=16 with dropout 0.05
     on every linear layer, 4 generations per prompt, 1024 completion tokens; gradient checkpointing is opt-in
     here (``--gradient-checkpointing``) although the trainer turns it on by default."""
 
@@ -707,129 +497,11 @@ def estimate(arch: ModelArch | str, setup: TrainingSetup) -> MemoryEstimate:
     return MemoryEstimate(arch=a, setup=s, trainable_params=trainable, terms=terms, phases=phases, overhead=overhead)
 
 
-# -------------------------------------------------------------------------------------------- fit check / warn
+def __getattr__(name: str) -> Any:
+    """``agentic_rag.training.memory.check_fits``, the import path README.md documents, kept working: the fit
+    check lives in :mod:`.memory_advice` (imported lazily, as it imports this module)."""
+    if name == "check_fits":
+        from .memory_advice import check_fits
 
-
-@dataclass(frozen=True)
-class EstimateInputs:
-    """A model (path, built-in name, hub id, or an already loaded :class:`ModelArch`) and how it is trained."""
-
-    model: str | ModelArch
-    setup: TrainingSetup
-
-
-def _smaller_micro_batch(s: TrainingSetup) -> int | None:
-    """The largest micro-batch at most half of ``s``'s that divides its rollout (TRL's micro-batches are equal)."""
-    m = s.completions_per_step
-    return next((d for d in range(m // 2, 0, -1) if s.rollout_sequences % d == 0), None)
-
-
-def _alternatives(setup: TrainingSetup) -> list[tuple[str, TrainingSetup]]:
-    """Single changes that lower per-GPU memory, then all of them together."""
-    s = setup
-    alts: list[tuple[str, TrainingSetup]] = []
-    if s.quant != "nf4":
-        alts.append(("quantise the base weights to nf4 (QLoRA)", replace(s, quant="nf4")))
-    if s.gpus > 1 and s.zero != 3:
-        alts.append(("DeepSpeed ZeRO-3 (shards the weights)", replace(s, zero=3)))
-    alts.append((f"{s.gpus * 2} GPUs with ZeRO-3", replace(s, gpus=s.gpus * 2, zero=3)))
-    # never ds3_gather_for_generation=False: the rollout would hang under it (config.launch_problems refuses it)
-    if not s.gradient_checkpointing:
-        alts.append(("gradient checkpointing", replace(s, gradient_checkpointing=True)))
-    m = s.completions_per_step
-    smaller = _smaller_micro_batch(s)
-    if smaller:
-        alts.append((f"micro-batch {smaller} instead of {m} (per_device_train_batch_size)",
-                     replace(s, micro_batch=smaller)))
-    if s.batch > 1:
-        fewer = replace(s, batch=s.batch // 2, micro_batch=None)
-        alts.append((f"{fewer.batch} prompt(s) per GPU per rollout instead of {s.batch}",
-                     replace(fewer, micro_batch=math.gcd(m, fewer.rollout_sequences))))
-    elif s.num_generations > 2:
-        fewer = replace(s, num_generations=s.num_generations // 2, micro_batch=None)
-        alts.append((f"{fewer.num_generations} generations per prompt instead of {s.num_generations}",
-                     replace(fewer, micro_batch=math.gcd(m, fewer.rollout_sequences))))
-    gpus = max(s.gpus, 2)
-    together = replace(s, quant="nf4", zero=3, gpus=gpus, gradient_checkpointing=True, micro_batch=1)
-    alts.append((f"all together: nf4, ZeRO-3 on {gpus} GPUs, gradient checkpointing, micro-batch 1", together))
-    return alts
-
-
-def check_fits(inputs: EstimateInputs, gpu_memory_gb: float) -> str | None:
-    """None when the estimate fits ``gpu_memory_gb`` GiB per GPU; else a warning naming the estimate, the budget and
-    the changes that would help, each with its own estimate (so the user can pick one before loading anything)."""
-    arch = load_arch(inputs.model) if isinstance(inputs.model, str) else inputs.model
-    est = estimate(arch, inputs.setup)
-    budget = gpu_memory_gb * GiB
-    if est.total <= budget:
-        return None
-    biggest = sorted(((v, k) for k, v in est.terms.items() if k != "quant_constants"), reverse=True)[:3]
-    lines = [
-        f"memory estimate: {arch.name} needs ~{est.total / GiB:.1f} GiB per GPU (peak in {est.peak_phase}: "
-        + ", ".join(f"{TERM_LABELS[k].strip()} {v / GiB:.1f}" for v, k in biggest)
-        + f") but each of the {inputs.setup.gpus} GPU(s) has {gpu_memory_gb:.1f} GiB. It will probably run out of "
-        "memory. Changes that would help (estimated GiB per GPU):"
-    ]
-    lines += _alternative_lines(arch, _alternatives(inputs.setup), gpu_memory_gb)
-    return "\n".join(lines)
-
-
-# What a CPU training process holds besides the step's tensors: Python, torch and its libraries, the tokenizer,
-# the datasets, and the JVM of a BM25 searcher. Measured on the SmolLM2-135M run (world_grpo_smollm2.yaml):
-# 1.29 GB RSS before the first step, 0.54 GB of it the fp32 weights the estimate already counts.
-CPU_PROCESS_GB = 0.8
-
-
-def check_fits_ram(inputs: EstimateInputs, ram_gb: float) -> str | None:
-    """None when a CPU run (plain fp32 step, ``device="cpu"``) fits ``ram_gb`` GiB of RAM; else the reason, with
-    the changes that would help and their estimates. The estimate is of one training step (the rollout's KV
-    cache is smaller on the CPU runs measured) plus :data:`CPU_PROCESS_GB`; on the SmolLM2 run it was 15-30%
-    above the measured peak RSS, so a config it refuses would be near the edge at best."""
-    arch = load_arch(inputs.model) if isinstance(inputs.model, str) else inputs.model
-    setup = replace(inputs.setup, device="cpu", gpus=1, quant="none")
-    need = estimate(arch, setup).total / GiB + CPU_PROCESS_GB
-    if need <= ram_gb:
-        return None
-    lines = [f"memory estimate: training {arch.name} on the CPU needs ~{need:.1f} GiB of RAM (one fp32 training "
-             f"step of {setup.completions_per_step} completions of up to {setup.seq_len} tokens, and "
-             f"~{CPU_PROCESS_GB} GiB for the process) but {ram_gb:.1f} GiB is available. The kernel would kill the "
-             "run part-way. Changes that would help (estimated GiB):"]
-    alts = []
-    if not setup.gradient_checkpointing:
-        alts.append(("model.gradient_checkpointing: true", replace(setup, gradient_checkpointing=True)))
-    smaller = _smaller_micro_batch(setup)
-    if smaller:
-        alts.append((f"algorithm.per_device_train_batch_size: {smaller} (with gradient_accumulation_steps "
-                     "raised to keep the rollouts per step)", replace(setup, micro_batch=smaller)))
-    lines += _alternative_lines(arch, alts, ram_gb, extra_gb=CPU_PROCESS_GB)
-    return "\n".join(lines)
-
-
-def _alternative_lines(arch: ModelArch, alts: list[tuple[str, TrainingSetup]], budget_gb: float, *,
-                       extra_gb: float = 0.0) -> list[str]:
-    """One line per alternative: its estimate (plus ``extra_gb``) in GiB and whether it fits ``budget_gb``."""
-    lines = []
-    for label, alt in alts:
-        total = estimate(arch, alt).total / GiB + extra_gb
-        lines.append(f"  - {label}: {total:.1f} ({'fits' if total <= budget_gb else 'still too much'})")
-    return lines
-
-
-def available_ram_gb() -> float:
-    """RAM the run can have now, in GiB: ``AGENTIC_RAG_RAM_GB`` when set (a budget of your own, e.g. to leave
-    room for a second run), else what the kernel reports as available (free plus reclaimable caches)."""
-    import psutil
-
-    given = os.environ.get("AGENTIC_RAG_RAM_GB")
-    if given:
-        return float(given)
-    return psutil.virtual_memory().available / GiB
-
-
-def gpu_memory_gb(device: int = 0) -> float | None:
-    """Total memory of a CUDA device in GiB, or None without one (for the trainer's pre-load check)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(device).total_memory / GiB
+        return check_fits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

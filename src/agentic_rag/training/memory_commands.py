@@ -8,7 +8,9 @@ import json
 
 def cmd_estimate_memory(args: argparse.Namespace) -> int:
     from ..models import PACKAGED_MODELS
-    from .memory import EstimateInputs, TrainingSetup, builtin_models, check_fits, estimate, load_arch
+    from .memory import TrainingSetup, estimate
+    from .memory_advice import EstimateInputs, check_fits
+    from .model_arch import builtin_models, load_arch
 
     if args.list_models:
         for name, pkg in PACKAGED_MODELS.items():

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
 from ..models import load_pretrained_lm, torch_dtype
+from .config import ModelConfig
 
 log = logging.getLogger(__name__)
 

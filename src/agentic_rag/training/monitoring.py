@@ -30,7 +30,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..config import LoggingConfig
+from .config import LoggingConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,10 @@ warning and counted (``rewards/judge/failures``, ``rewards/ragas/failures``), an
 the configured fallback instead (``judge.fallback``; the ragas reward's ``params.fallback``, ``id_recall``
 unless set): a failure never silently scores 0 and is never mistaken for "not applicable".
 
-The reward list's names and params are checked with the rest of the config (``ExperimentConfig.validate``)
-before any model loads.
+The names are the scorer registry's (:mod:`agentic_rag.rewards.registry`, shared with evaluation's metrics);
+:func:`make_reward` builds an answer comparison (a registry scorer with ``compare``) from the registry alone, and
+every other reward through :data:`BUILDERS`, one builder per name; a registry name without one fails loudly. The
+reward list's names and params are checked with the rest of the training config before any model loads.
 """
 
 from __future__ import annotations
@@ -22,23 +24,22 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..config import ExperimentConfig, RewardSpec, overlong_bounds
 from ..rewards import accuracy
 from ..rewards.curriculum import Curriculum
 from ..rewards.format import check_format, open_at_prompt_end
 from ..rewards.rag import LLMEndpoint, RetrievalQuality, contexts_from_events
+from ..rewards.registry import compare_fn, get_scorer, judge_fallback_names
 from ..rollout.protocol import get_dialect
+from .config import ExperimentConfig, RewardSpec, overlong_bounds
 
 log = logging.getLogger(__name__)
 
 Reward = Callable[..., list[float | None]]
 
-METRICS: dict[str, Callable[..., float]] = {
-    "exact_match": accuracy.exact_match,
-    "f1": accuracy.f1_score,
-    "cover_em": accuracy.cover_exact_match,  # FlashRAG's, for evaluation: the config check warns in training
-    "cover_em_tokens": accuracy.cover_exact_match_tokens,  # cover-EM on tokens: params {max_extra_tokens}
-}
+def answer_score(name: str) -> Callable[..., float]:
+    """The answer-against-golds comparison of registry scorer ``name`` (its ``compare``: em, f1, cover_em,
+    cover_em_tokens; also the judge's fallbacks)."""
+    return compare_fn(name)
 
 
 def _answers(kwargs: dict[str, Any], n: int) -> list[list[str]]:
@@ -58,7 +59,7 @@ class _Named:
 class MetricReward(_Named):
     def __init__(self, name: str, **params: Any):
         super().__init__(name)
-        self.metric = METRICS[name]
+        self.metric = answer_score(name)
         self.params = params  # keyword settings of the metric (cover_em_tokens: max_extra_tokens)
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
@@ -164,8 +165,13 @@ class JudgeReward(_Named):
         self.client = JudgeClient(JudgeSettings(base_url=cfg.judge.base_url, model=cfg.judge.model,
                                                 api_key_env=cfg.judge.api_key_env, timeout_s=cfg.judge.timeout_s,
                                                 max_concurrency=cfg.judge.max_concurrency))
-        self.fallback = METRICS[cfg.judge.fallback]
-        self.fallback_name = cfg.judge.fallback
+        fallback = cfg.judge.fallback
+        if fallback not in judge_fallback_names():
+            get_scorer(fallback)  # an unknown or renamed name: the registry's message
+            raise ValueError(f"judge.fallback {fallback!r} cannot stand in for the judge; choose one of "
+                             f"{', '.join(judge_fallback_names())}")
+        self.fallback = answer_score(fallback)
+        self.fallback_name = fallback
 
     def __call__(self, prompts, completions, completion_ids, trajectory, **kwargs) -> list[float | None]:
         golds = _answers(kwargs, len(trajectory))
@@ -251,28 +257,42 @@ def build_rewards(cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> tupl
     return funcs, weights
 
 
+def _format(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str]) -> Reward:
+    return FormatReward(cfg.rollout.dialect, partial=bool(spec.params.get("partial", False)), eos_tokens=eos_tokens)
+
+
+def _ragas(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str]) -> Reward:
+    metric = str(spec.params.get("metric", "id_recall"))
+    llm = LLMEndpoint(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s) \
+        if cfg.judge.base_url else None
+    return RagasReward(metric, llm, fallback=str(spec.params.get("fallback", "id_recall")),
+                       max_concurrency=cfg.judge.max_concurrency)
+
+
+def _overlong(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str]) -> Reward:
+    budget, cache = overlong_bounds(dict(spec.params), cfg.rollout.max_completion_tokens)
+    return OverlongPenalty(int(budget), int(cache))
+
+
+# one builder per reward of the registry that is not an answer comparison (those need none: make_reward)
+BUILDERS: dict[str, Callable[[RewardSpec, ExperimentConfig, Sequence[str]], Reward]] = {
+    "choice": lambda spec, cfg, eos: ChoiceReward(),
+    "judge": lambda spec, cfg, eos: JudgeReward(cfg),
+    "format": _format,
+    "retrieval": lambda spec, cfg, eos: RetrievedReward(),
+    "ragas": _ragas,
+    "overlong": _overlong,
+}
+
+
 def make_reward(spec: RewardSpec, cfg: ExperimentConfig, eos_tokens: Sequence[str] = ()) -> Reward:
-    params = dict(spec.params)
-    if spec.name == "cover_em_tokens":
-        return MetricReward(spec.name, max_extra_tokens=int(params.get("max_extra_tokens",
-                                                                       accuracy.COVER_MAX_EXTRA_TOKENS)))
-    if spec.name in METRICS:
-        return MetricReward(spec.name)
-    if spec.name == "choice":
-        return ChoiceReward()
-    if spec.name == "format":
-        return FormatReward(cfg.rollout.dialect, partial=bool(params.get("partial", False)), eos_tokens=eos_tokens)
-    if spec.name == "retrieval":
-        return RetrievedReward()
-    if spec.name == "ragas":
-        metric = str(params.get("metric", "id_recall"))
-        llm = LLMEndpoint(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s) \
-            if cfg.judge.base_url else None
-        return RagasReward(metric, llm, fallback=str(params.get("fallback", "id_recall")),
-                           max_concurrency=cfg.judge.max_concurrency)
-    if spec.name == "judge":
-        return JudgeReward(cfg)
-    if spec.name == "overlong":
-        budget, cache = overlong_bounds(params, cfg.rollout.max_completion_tokens)
-        return OverlongPenalty(int(budget), int(cache))
-    raise ValueError(f"unknown reward {spec.name!r}")
+    """The reward the registry names ``spec.name``, built with its params. An unknown name is a ValueError with
+    the known ones; a registry name without a builder here is a bug, and says so."""
+    if get_scorer(spec.name, kind="reward").compare:  # an answer comparison: its params are the function's
+        return MetricReward(spec.name, **dict(spec.params))
+    build = BUILDERS.get(spec.name)
+    if build is None:
+        raise NotImplementedError(f"reward {spec.name!r} is in the scorer registry (agentic_rag.rewards.registry) "
+                                  f"but agentic_rag.training.rewards has no builder for it: add one to BUILDERS")
+    return build(spec, cfg, eos_tokens)
+

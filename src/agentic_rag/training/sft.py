@@ -12,10 +12,11 @@ Each example becomes ``input_ids`` plus a ``completion_mask`` that is 1 only on 
 TRL's ``completion_only_loss`` trains on exactly those. Branched trajectories (after a backtrack or
 summary) have no single linear context and are skipped, with a count.
 
-The output directory gets ``agentic_rag.json`` (:mod:`agentic_rag.rollout.trained_settings`) with what SFT knows
-of how the model is to be prompted: the dialect, and, when it built prompts itself (text-level lines), the
-language, system prompt and chat template; a caller that knows more (the prompt of token-level trajectories,
-their rollout limits) passes ``settings``.
+The output directory gets ``agentic_rag.json`` (:mod:`agentic_rag.rollout.trained_settings`): the ``rollout`` and
+``prompt`` settings the trajectories were made with (``rollout`` / ``prompt``, the same objects the configs hold; the
+command line's flags are generated from them), so evaluation and serving run the model as it was taught. Text-level
+lines are prompted with ``prompt``; token-level lines carry their prompt already, and the caller says how it was
+built.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.prompts import build_prompt, system_prompt
+from ..data.prompts import build_prompt
+from ..jsonl import FileFormatError, iter_jsonl
 from ..rollout.protocol import Dialect, get_dialect
-from ..rollout.trained_settings import TrainedSettings
+from ..rollout.settings import PromptSettings, RolloutSettings
+from ..rollout.trained_settings import resolved_prompt, write_settings
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,8 @@ def example_from_tokens(row: dict[str, Any]) -> SFTExample | None:
 
 
 def example_from_text(row: dict[str, Any], tokenizer: Any, dialect: Dialect, *, language: str = "en",
-                      chat: bool | None = None) -> SFTExample:
-    prompt = build_prompt(tokenizer, row["question"], dialect, language=language, chat=chat)
+                      chat: bool | None = None, system: str | None = None) -> SFTExample:
+    prompt = build_prompt(tokenizer, row["question"], dialect, language=language, chat=chat, system=system)
     ids, mask = list(prompt), [0] * len(prompt)
     pattern = re.compile(r"\s*" + re.escape(dialect.observation_open) + r".*?" + re.escape(dialect.observation_close)
                          + r"\s*", re.S)
@@ -80,36 +83,35 @@ def example_from_text(row: dict[str, Any], tokenizer: Any, dialect: Dialect, *, 
 
 
 def read_examples(path: str | os.PathLike, tokenizer: Any, dialect: str = "agentic", *, language: str = "en",
-                  chat: bool | None = None) -> tuple[list[SFTExample], int]:
+                  chat: bool | None = None, system: str | None = None) -> tuple[list[SFTExample], int]:
     """The examples of a trajectory file, and how many branched trajectories were skipped."""
     d = get_dialect(dialect)
     out: list[SFTExample] = []
     skipped = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if "completion_ids" in row:
-                    ex = example_from_tokens(row)
-                elif "completion" in row and "question" in row:
-                    ex = example_from_text(row, tokenizer, d, language=language, chat=chat)
-                else:
-                    raise ValueError("a line needs prompt_ids/completion_ids/env_mask, or question/completion")
-            except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
-            if ex is None:
-                skipped += 1
+    for lineno, row in iter_jsonl(path):
+        try:
+            if not isinstance(row, dict):
+                raise ValueError("a line must be a JSON object")
+            if "completion_ids" in row:
+                ex = example_from_tokens(row)
+            elif "completion" in row and "question" in row:
+                ex = example_from_text(row, tokenizer, d, language=language, chat=chat)
             else:
-                out.append(ex)
+                raise ValueError("a line needs prompt_ids/completion_ids/env_mask, or question/completion")
+        except (KeyError, ValueError, TypeError) as exc:
+            raise FileFormatError(path, lineno, str(exc)) from None
+        if ex is None:
+            skipped += 1
+        else:
+            out.append(ex)
     if not out:
-        raise ValueError(f"{path}: no usable trajectories ({skipped} branched ones skipped)")
+        raise FileFormatError(path, 0, f"no usable trajectories ({skipped} branched ones skipped)")
     return out, skipped
 
 
-def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
-                      chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
+def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: RolloutSettings | None = None,
+                      prompt: PromptSettings | None = None, epochs: float = 1.0, learning_rate: float = 2e-4,
+                      batch_size: int = 4,
                       lora_r: int = 16, lora_alpha: int = 32, full: bool = False, max_length: int = 2048,
                       seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
                       base_model: Any = None, tokenizer: Any = None, gradient_checkpointing: bool = True,
@@ -130,12 +132,14 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from ..config import ModelConfig
     from ..models import load_tokenizer
+    from .config import ModelConfig
     from .model import compact_lm_head_scoring, load_base_model, lora_config
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, padding_side="right")
-    examples, skipped = read_examples(data, tokenizer, dialect, language=language, chat=chat)
+    rollout, prompt = rollout or RolloutSettings(), prompt or PromptSettings()
+    examples, skipped = read_examples(data, tokenizer, rollout.dialect, language=prompt.language,
+                                      chat=prompt.chat_template, system=prompt.system_prompt or None)
     dataset = Dataset.from_list([{"input_ids": e.input_ids, "completion_mask": e.completion_mask} for e in examples])
     model_cfg = ModelConfig(name_or_path=model, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
                             gradient_checkpointing=gradient_checkpointing)
@@ -152,19 +156,18 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, dialect: str = 
     return trainer, examples, skipped
 
 
-def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic", language: str = "en",
-            chat: bool | None = None, epochs: float = 1.0, learning_rate: float = 2e-4, batch_size: int = 4,
+def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings | None = None,
+            prompt: PromptSettings | None = None, epochs: float = 1.0, learning_rate: float = 2e-4,
+            batch_size: int = 4,
             lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
             seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
-            settings: TrainedSettings | None = None, gradient_checkpointing: bool = True,
-            group_by_length: bool = False) -> dict[str, Any]:
+            gradient_checkpointing: bool = True, group_by_length: bool = False) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
     a GGUF file or a packaged model's short name included; whole models are saved by
-    :func:`agentic_rag.models.save_model`, so a merged GGUF model becomes a plain model directory. ``settings``:
-    what the caller knows of how the trajectories were made (their prompt, rollout limits), saved with the model
-    over what SFT knows itself (:func:`sft_settings`)."""
+    :func:`agentic_rag.models.save_model`, so a merged GGUF model becomes a plain model directory. ``rollout`` and
+    ``prompt``: the settings the trajectories were made with (defaults when not given), saved with the model."""
     from ..models import save_model
     from ..outputs import mark_dir, replace_dir
 
@@ -175,7 +178,7 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
         shutil.rmtree(partial)  # an interrupted run's
     output_dir = str(mark_dir(partial, "sft"))
     trainer, examples, skipped = build_sft_trainer(
-        model=model, data=data, output_dir=output_dir, dialect=dialect, language=language, chat=chat, epochs=epochs,
+        model=model, data=data, output_dir=output_dir, rollout=rollout, prompt=prompt, epochs=epochs,
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
         max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
         gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length)
@@ -187,7 +190,9 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
     else:
         trainer.save_model(output_dir)  # the LoRA adapter (PEFT)
     trainer.processing_class.save_pretrained(output_dir)
-    sft_settings(trainer.processing_class, examples, dialect, language, chat, settings).write(output_dir)
+    rollout = rollout or RolloutSettings()
+    write_settings(output_dir, rollout, resolved_prompt(prompt or PromptSettings(), rollout.dialect,
+                                                        trainer.processing_class), written_by="sft")
     summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
                "output_dir": str(final), "adapter": not full and not merge, "merged": merge and not full,
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
@@ -195,15 +200,3 @@ def run_sft(*, model: str, data: str, output_dir: str, dialect: str = "agentic",
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
     replace_dir(partial, final)
     return summary
-
-
-def sft_settings(tokenizer: Any, examples: list[SFTExample], dialect: str, language: str, chat: bool | None,
-                 given: TrainedSettings | None) -> TrainedSettings:
-    """What the saved model must be prompted with, as far as SFT knows it (see the module docstring)."""
-    known: dict[str, Any] = {"dialect": dialect}
-    if any(e.prompt_built for e in examples):
-        known.update(language=language, system_prompt=system_prompt(dialect, language),
-                     chat_template=chat if chat is not None else bool(getattr(tokenizer, "chat_template", None)))
-    if given is not None:
-        known.update(given.known())
-    return TrainedSettings(**known, written_by="sft")

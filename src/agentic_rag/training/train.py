@@ -6,19 +6,21 @@
 (``script/training/train_zero2.sh`` / ``train_zero3.sh`` do this from ``.env``; ``agentic-rag train`` runs it in
 one process.) The steps:
 
-1. load the experiment config and check all of it, before anything heavy happens (``--check`` stops here,
-   after reading the training questions too);
+1. load the experiment config (:mod:`.config`) and check all of it, before anything heavy happens (``--check``
+   stops after reading the training questions, probing the search target and checking the output directory;
+   ``--describe`` prints every setting);
 2. read the training questions (a multiple-choice question shows its options, as in evaluation) and load the
    tokenizer;
 3. warn when the memory estimate says the model will not fit the GPUs;
-4. open the searcher (an index directory or a search server URL), build the rollout limits and the reward
+4. open the searcher (an index directory or a search server URL) and ask it a probe query, build the reward
    functions;
 5. load the base model (NF4 for QLoRA) and describe a fresh LoRA adapter, or load ``model.adapter`` to go
    on training an existing one (R1-Searcher's stage 2 from the stage-1 adapter);
 6. start SwanLab on the main process (cloud when SWANLAB_API_KEY is set, local otherwise, unless configured);
 7. build the AgenticGRPOTrainer and train, resuming from the latest complete checkpoint with ``--resume``;
 8. save the final adapter (peft format), the tokenizer and the resolved config in OUTPUT_DIR/final, with the
-   settings it was trained with (``agentic_rag.json``: dialect, prompt, rollout limits; as in every checkpoint),
+   settings it was trained with (``agentic_rag.json``: the ``rollout`` and ``prompt`` sections; as in every
+   checkpoint),
    which the chat server and the evaluation runner apply unless told otherwise.
 """
 
@@ -34,22 +36,13 @@ from typing import Any
 import yaml
 
 from ..argtypes import Parser
-from ..config import ConfigError, ExperimentConfig, config_to_dict, load_config
 from ..errors import UserError, guarded
 from ..logs import configure_logging
 from ..outputs import add_move_aside, aside_path, check_apart, claim_dir, mark_dir
+from ..settings import SettingsError, describe, to_dict
+from .config import ExperimentConfig, load_config, resolve_config
 
 log = logging.getLogger("agentic_rag.train")
-
-
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError([f"--set expects KEY=VALUE, got {item!r}"], "command line")
-        key, value = item.split("=", 1)
-        out[key.strip()] = value
-    return out
 
 
 def peak_rss_mb() -> float:
@@ -72,7 +65,7 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
     import torch
     from trl import GRPOConfig
 
-    from .trainer import algorithm_args
+    from .algorithms import algorithm_args
 
     a = cfg.algorithm
     bf16 = False
@@ -86,8 +79,8 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
         per_device_train_batch_size=a.per_device_train_batch_size,
         gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
         num_generations=a.num_generations, beta=a.beta, num_iterations=a.num_iterations,
-        max_completion_length=cfg.rollout.max_completion_tokens, temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, repetition_penalty=cfg.rollout.repetition_penalty,
+        max_completion_length=cfg.rollout.max_completion_tokens, temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, repetition_penalty=cfg.sampling.repetition_penalty,
         # the rollout decodes each process's trajectories on its own: ZeRO-3 must gather the weights for it
         ds3_gather_for_generation=True, activation_checkpointing=cfg.model.gradient_checkpointing,
         logging_steps=cfg.logging.logging_steps, save_strategy="steps", save_steps=cfg.checkpoint.save_steps,
@@ -105,9 +98,9 @@ def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     a MedQA question lists its options and asks for the letter); the other columns go to the rewards."""
     from ..data.questions import prompt_question, read_questions
 
-    rows = read_questions(cfg.data.train_file, limit=cfg.data.limit)
+    rows = read_questions(cfg.data.train_file, limit=cfg.data.limit, require_answers=needs_answers(cfg))
     if not rows:
-        raise ConfigError([f"data.train_file {cfg.data.train_file} holds no questions: point it at a question "
+        raise SettingsError([f"data.train_file {cfg.data.train_file} holds no questions: point it at a question "
                            f"file (JSONL, one question a line, or a JSON list)"])
     out = []
     for r in rows:
@@ -119,14 +112,12 @@ def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     return out
 
 
-def rollout_limits(cfg: ExperimentConfig):
-    from ..rollout import RolloutLimits
+def needs_answers(cfg: ExperimentConfig) -> bool:
+    """Whether the run's rewards compare answers with gold ones (a question without a gold answer would be scored
+    0 in every rollout, teaching nothing): the curriculum's F1 stage, or any accuracy reward of the registry."""
+    from ..rewards.registry import accuracy_names
 
-    r = cfg.rollout
-    return RolloutLimits(max_turns=r.max_turns, max_searches=r.max_searches, max_tokens_per_turn=r.max_tokens_per_turn,
-                         max_completion_tokens=r.max_completion_tokens, passages_per_search=r.passages_per_search,
-                         max_observation_tokens=r.max_observation_tokens, search_timeout_s=cfg.search.timeout_s,
-                         on_search_limit=r.on_search_limit)
+    return cfg.curriculum.enabled or any(spec.name in accuracy_names() for spec in cfg.rewards)
 
 
 def policy_model(cfg: ExperimentConfig):
@@ -155,8 +146,9 @@ def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64, rows: list
     tokenizer = tokenizer or load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
     rows = training_rows(cfg) if rows is None else rows
     longest = sorted({r["prompt"] for r in rows}, key=len, reverse=True)[:sample]
-    return max(len(build_prompt(tokenizer, q, cfg.rollout.dialect, language=cfg.data.language,
-                                chat=cfg.model.chat_template, system=cfg.data.system_prompt or None))
+    p = cfg.prompt
+    return max(len(build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language, chat=p.chat_template,
+                                system=p.system_prompt or None))
                for q in longest)
 
 
@@ -182,7 +174,7 @@ def memory_setup(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = N
     completions = a.per_device_train_batch_size * a.gradient_accumulation_steps
     batch, group = (completions // a.num_generations, a.num_generations) if completions % a.num_generations == 0 \
         else (1, completions)
-    decoded = min(cfg.rollout.max_batch_size, completions) if cfg.rollout.max_batch_size else None
+    decoded = min(cfg.sampling.max_batch_size, completions) if cfg.sampling.max_batch_size else None
     return TrainingSetup(gpus=world, zero=zero if zero in (2, 3) else 2,
                          quant="nf4" if m.quantization == "nf4" else "none", lora_rank=rank,
                          lora_targets=tuple(targets), lora_dropout=dropout,
@@ -198,7 +190,8 @@ def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     """``(setup, warning)``: the :func:`memory_setup` the estimate assumed (None when no estimate was made: no GPU
     memory budget, i.e. no GPU and no ``gpu_memory_gb``, or an estimate that cannot be made) and the memory
     estimator's warning (None when it fits)."""
-    from .memory import EstimateInputs, check_fits, gpu_memory_gb
+    from .machine import gpu_memory_gb
+    from .memory_advice import EstimateInputs, check_fits
 
     budget = cfg.gpu_memory_gb or gpu_memory_gb()
     if budget is None:
@@ -221,7 +214,8 @@ def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     (:func:`~agentic_rag.training.memory.available_ram_gb`), else why not and what would help. Called before the
     model loads, so a config that cannot fit is refused in seconds instead of being killed by the kernel part-way.
     An estimate that cannot be made (an architecture the estimator does not know) lets the run go on."""
-    from .memory import EstimateInputs, available_ram_gb, check_fits_ram
+    from .machine import available_ram_gb
+    from .memory_advice import EstimateInputs, check_fits_ram
 
     try:
         setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer)
@@ -246,7 +240,7 @@ def check_output_dir(cfg: ExperimentConfig, *, resume: bool, move_aside: bool = 
     refused where an earlier run left a complete checkpoint or a final adapter (continue it with ``--resume``, or
     ``move_aside`` keeps it as ``DIR.moved-TIME``): a new run would write its checkpoints over that run's. Only
     the main process moves or marks anything."""
-    from .trainer import latest_complete_checkpoint
+    from .checkpoints import latest_complete_checkpoint
 
     out = Path(cfg.checkpoint.output_dir)
     flag = "checkpoint.output_dir"
@@ -292,7 +286,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     from ..tools import SearchTool
     from .monitoring import CollapseGuard, SampleTrajectories, init_swanlab, watch_hint
     from .rewards import build_rewards
-    from .trainer import AgenticGRPOTrainer, trained_settings
+    from .trainer import AgenticGRPOTrainer, save_trained_settings
 
     state = PartialState()
     set_seed(cfg.seed)
@@ -307,14 +301,13 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     if not torch.cuda.is_available():
         refusal = ram_check(cfg, rows=rows, tokenizer=tokenizer)
         if refusal:
-            raise ConfigError([refusal + "\n(set AGENTIC_RAG_RAM_GB to give the check a budget of your own)"],
+            raise SettingsError([refusal + "\n(set AGENTIC_RAG_RAM_GB to give the check a budget of your own)"],
                               "memory")
 
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
     probe(searcher, cfg.search.index)  # a dead search target stops the run here, before the model loads
     dataset = Dataset.from_list(rows)
-    limits = rollout_limits(cfg)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
     reward_funcs, weights = build_rewards(cfg, eos_tokens)
     use_cpu = not torch.cuda.is_available()
@@ -325,8 +318,8 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     out = Path(cfg.checkpoint.output_dir)
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    log_dir = init_swanlab(cfg.logging, str(out), config_to_dict(cfg), is_main=state.is_main_process)
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    log_dir = init_swanlab(cfg.logging, str(out), to_dict(cfg), is_main=state.is_main_process)
     trainer_ref: list = []
     guard = CollapseGuard(cfg.guards, out)
     callbacks = [SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)] \
@@ -335,11 +328,10 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
         callbacks.append(guard)
     trainer = AgenticGRPOTrainer(
         model, tokenizer=tokenizer, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
-        tools=SearchTool(searcher), dialect=cfg.rollout.dialect, limits=limits, language=cfg.data.language,
-        chat=cfg.model.chat_template, algorithm=cfg.algorithm.name, max_batch_size=cfg.rollout.max_batch_size,
-        summary_mode=cfg.rollout.summary_mode, system=cfg.data.system_prompt or None,
-        shuffle_rewards=cfg.algorithm.shuffle_rewards, dynamic_sampling=cfg.algorithm.dynamic_sampling,
-        max_extra_rollouts=cfg.algorithm.max_extra_rollouts, max_search_failure_rate=cfg.search.max_failure_rate,
+        tools=SearchTool(searcher), settings=cfg.rollout, prompt=cfg.prompt, algorithm=cfg.algorithm.name,
+        max_batch_size=cfg.sampling.max_batch_size, shuffle_rewards=cfg.algorithm.shuffle_rewards,
+        dynamic_sampling=cfg.algorithm.dynamic_sampling, max_extra_rollouts=cfg.algorithm.max_extra_rollouts,
+        max_search_failure_rate=cfg.search.max_failure_rate, search_timeout_s=cfg.search.timeout_s,
         peft_config=peft_config, callbacks=callbacks)
     trainer_ref.append(trainer)
 
@@ -350,7 +342,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     trainer.save_model(str(final))
     if state.is_main_process:
         tokenizer.save_pretrained(str(final))
-        trained_settings(trainer.agent, tokenizer).write(final)
+        save_trained_settings(trainer.agent, tokenizer, final)
         summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
                    "world_size": state.num_processes, "deepspeed_zero_stage": zero_stage(trainer),
                    "memory_estimate": None if estimated is None else {
@@ -371,7 +363,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="agentic-rag train", description="Train a search agent with GRPO (see the module docstring).")
-    ap.add_argument("--config", required=True, help="experiment YAML (experiments/training/*.yaml)")
+    ap.add_argument("--config", default=None, help="experiment YAML (experiments/training/*.yaml)")
     ap.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a setting by its dotted name, e.g. --set algorithm.max_steps=2")
@@ -379,12 +371,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="validate the config, read the training questions, open and probe the search target, check "
                          "the output directory, and exit (no model is loaded)")
     add_move_aside(ap, "checkpoint.output_dir")
+    ap.add_argument("--describe", action="store_true",
+                    help="print every setting (dotted name, value, help) as resolved from the defaults, the config "
+                         "file, the environment and --set, and exit; without --config, the defaults")
     ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     configure_logging(args.log_level)
+    if args.describe:
+        def show() -> int:
+            cfg, loaded = resolve_config(path=args.config, overrides=args.set, check_files=False)
+            print("\n".join(describe(cfg, loaded.origins)))
+            return 0
+
+        return guarded("agentic-rag train", show)
+    if not args.config:
+        ap.error("--config is required (--describe lists every setting without one)")
     try:
-        cfg = load_config(args.config, overrides=parse_overrides(args.set))
-    except ConfigError as exc:
+        cfg = load_config(args.config, overrides=args.set)
+    except SettingsError as exc:
         print(f"agentic-rag train: {exc}", file=sys.stderr)
         return 2
     if args.check:
