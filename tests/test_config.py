@@ -55,7 +55,7 @@ EVERY_RULE = [
     ({"prompt": {"language": "fr"}}, "prompt.language must be one of en, zh; got 'fr'"),
     ({"search": {"index": ""}}, "search.index is empty"),
     ({"search": {"index": "/no/index"}}, "search.index: no index at /no/index (build one: agentic-rag index build"),
-    ({"search": {"retriever": "splade"}}, "search.retriever must be one of bm25, dense, hybrid; got 'splade'"),
+    ({"search": {"retriever": "splade"}}, "search.retriever must be one of bm25, dense, hybrid, random; got 'splade'"),
     ({"rollout": {"dialect": "search_r1"}}, "rollout.dialect must be one of agentic, search-r1, r1-searcher; "
                                            "got 'search_r1' (did you mean 'search-r1'?)"),
     ({"rollout": {"max_tokens_per_turn": 2048}}, "rollout.max_tokens_per_turn (2048) exceeds rollout.max_completion_"),

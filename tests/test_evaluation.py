@@ -295,7 +295,7 @@ def test_bad_config_reports_every_problem_at_once(tmp_path, tok_dir, capsys):
                      "policy.tokenizer is empty: an endpoint policy needs the served model's tokenizer",
                      "sampling.temperature must be >= 0, got -1",
                      f"search.index: no index at {tmp_path / 'no-index'} (build one: agentic-rag index build",
-                     "search.retriever must be one of bm25, dense, hybrid; got 'bm52' (did you mean 'bm25'?)",
+                     "search.retriever must be one of bm25, dense, hybrid, random; got 'bm52' (did you mean 'bm25'?)",
                      "rollout.passages_per_search must be >= 1, got 0",
                      "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik' "
                      "(did you mean 'agentic'?)",

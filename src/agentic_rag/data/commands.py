@@ -1,4 +1,5 @@
-"""Subcommands for data: ``agentic-rag world`` (the embedded default task)."""
+"""Subcommands for data: ``agentic-rag world`` (the embedded default task) and ``agentic-rag trajectories`` (gold
+trajectories for SFT, :mod:`.trajectories`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ import json
 
 from ..argtypes import positive_int
 from ..outputs import add_move_aside
+from ..rollout.trained_settings import SavedSettings
+from ..settings import add_flags
+
+TRAJECTORY_FLAGS: dict[str, str] = {}  # flag dest -> setting, filled when the parser is built
+
+
+def cmd_trajectories(args: argparse.Namespace) -> int:
+    from .trajectories import run_trajectories
+
+    print(json.dumps(run_trajectories(args, TRAJECTORY_FLAGS)))
+    return 0
 
 
 def cmd_world(args: argparse.Namespace) -> int:
@@ -29,3 +41,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--towns", type=positive_int, default=30)
     add_move_aside(p)
     p.set_defaults(func=cmd_world)
+
+    p = sub.add_parser("trajectories", help="gold trajectories for SFT: each question's scripted searches (one a hop) "
+                                            "and gold answer, played through the real rollout engine and index")
+    p.add_argument("--questions", required=True, help="question file (the 2Wiki split files carry hop_queries; other "
+                                                      "2Wiki files get them from their evidence or gold titles)")
+    p.add_argument("--index", required=True, help="index folder (or the URL of agentic-rag serve-search)")
+    p.add_argument("--tokenizer", required=True, help="the model whose tokenizer and chat template the prompts use "
+                                                      "(a directory, a hub name, a .gguf file, smollm2-135m-instruct)")
+    p.add_argument("--out", required=True, help="output JSONL (token level, for agentic-rag sft --data); the settings "
+                                                "used go to OUT.settings.json")
+    p.add_argument("--limit", type=positive_int, default=None, help="the first N questions only")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a rollout or prompt setting (rollout.max_searches=4, prompt.system_prompt=...)")
+    TRAJECTORY_FLAGS.update(add_flags(p, SavedSettings))
+    p.set_defaults(func=cmd_trajectories)

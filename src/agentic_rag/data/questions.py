@@ -9,7 +9,8 @@ any of them: a JSON list or JSONL of objects with
   ``answer_aliases`` (2WikiMultiHopQA), in that order, deduplicated;
 * gold titles from ``supporting_facts``: a list of titles (2Wiki dev500), of ``[title, sentence_id]``
   pairs (HotpotQA), or of ``[title, ...]`` lists (the AMOR HotpotQA dev file);
-* MedQA's ``options`` (letter -> text) and ``answer_idx`` (the gold letter) kept in ``meta``.
+* MedQA's ``options`` (letter -> text) and ``answer_idx`` (the gold letter) kept in ``meta``;
+* ``kind`` and ``type`` (strings) kept in ``meta`` in every format (evaluation's ``by_kind`` / ``by_type``).
 
 Named formats (``format=``, recognised from the first record by default; the evaluation harness uses them),
 each read as the benchmark ships it:
@@ -43,6 +44,9 @@ from typing import Any
 from ..jsonl import FileFormatError, decode, iter_json_container, iter_jsonl
 
 QuestionFormatError = FileFormatError  # a malformed question file: path, line, reason
+# a question's kind (yes_no, pick_one, multi_hop) and type (2Wiki's compositional, inference, comparison,
+# bridge_comparison; HotpotQA's bridge, comparison): kept in ``meta`` whatever the format
+GROUP_KEYS = ("kind", "type")
 
 
 @dataclass
@@ -150,6 +154,9 @@ def read_questions(path: str | os.PathLike, *, limit: int | None = None, questio
             row = row_from_record(path, line, position, obj, question_field, answer_field)
         else:
             row = reader(path, line, position, obj)
+        for key in GROUP_KEYS:  # every format keeps these, so evaluation can break its scores down by them
+            if isinstance(obj, dict) and isinstance(obj.get(key), str) and key not in row.meta:
+                row.meta[key] = obj[key]
         if require_answers and not row.answers:
             # the file's format (recognised from its first record), not this record's look: an NQ record that
             # lost its golden_answers no longer looks like NQ

@@ -63,28 +63,10 @@ def write_expert_trajectories(rows: Sequence[dict[str, Any]], out: str | os.Path
     ``prompt_ids(question)`` builds a prompt the way training does; ``settings`` are the training config's rollout
     settings (:class:`~agentic_rag.rollout.settings.RolloutSettings`). Returns counts by kind, and how many
     trajectories did not end with the expert's answer (there should be none)."""
-    from ..rollout import AgentRollout
-    from ..rollout.scripted import ScriptedPolicy
+    from ..data.trajectories import play_scripts
 
-    # scripts are found by the question as it reads back from the prompt's token ids
-    def key(question: str) -> str:
-        return tokenizer.decode(tokenizer(question, add_special_tokens=False)["input_ids"])
-
-    # a scripted policy plays one script per question: a question asked several times takes several passes
-    passes: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for i, r in enumerate(rows):
-        n = seen[r["question"]] = seen.get(r["question"], -1) + 1
-        if n == len(passes):
-            passes.append([])
-        passes[n].append(i)
-    trajs: list[Any] = [None] * len(rows)
-    for members in passes:
-        policy = ScriptedPolicy(tokenizer, {key(rows[i]["question"]): rows[i]["turns"] for i in members})
-        engine = AgentRollout(policy, tokenizer, searcher, settings)
-        done = engine.run([prompt_ids(rows[i]["question"]) for i in members], [rows[i]["question"] for i in members])
-        for i, t in zip(members, done, strict=True):
-            trajs[i] = t
+    # the engine plays the scripts (agentic-rag trajectories does the same for question files)
+    trajs = play_scripts(rows, tokenizer=tokenizer, searcher=searcher, prompt_ids=prompt_ids, settings=settings)
     kinds: dict[str, int] = {}
     wrong = 0
     unk = tokenizer.unk_token_id

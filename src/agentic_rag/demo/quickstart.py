@@ -104,6 +104,14 @@ class Settings:
         return TINY_CONFIG if self.tiny else REAL_CONFIG
 
     @property
+    def train_file(self) -> Path:
+        return self.out / "world" / "train.jsonl"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.out / "index"
+
+    @property
     def chat(self) -> bool:
         """The real model is an instruct model: its prompts go through its chat template."""
         return not self.tiny
@@ -212,12 +220,12 @@ def sft(s: Settings, init: str) -> Path:
     if s.tiny:  # every weight of the tiny model, saved as a model directory
         summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
                           prompt=_prompt(s), full=True, epochs=s.sft_epochs, learning_rate=s.sft_learning_rate,
-                          batch_size=16, seed=s.world_seed, logging_steps=100)
+                          batch_size=16, seed=s.world_seed, logging_steps=100, resume=None)
     else:  # a LoRA adapter on the real model, which GRPO goes on training (model.adapter)
         summary = run_sft(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
                           prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, batch_size=8,
                           lora_r=16, lora_alpha=32, seed=s.world_seed, logging_steps=10,
-                          gradient_checkpointing=False, group_by_length=s.sft_batches == "by_length")
+                          gradient_checkpointing=False, group_by_length=s.sft_batches == "by_length", resume=None)
     summary["expert_trajectories"] = info
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out
@@ -333,8 +341,8 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     if _done(out / "train_summary.json") and _done(out / "final" / "adapter_config.json"):
         return out
     base, adapter = models_of(s, sft_dir)
-    sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.out / "world/train.jsonl",
-            "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.out / "index", "checkpoint.output_dir": out,
+    sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.train_file,
+            "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.index_dir, "checkpoint.output_dir": out,
             "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
@@ -370,15 +378,15 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
 
 # ----------------------------------------------------------------------------------------------- main
 
-def check_settings(s: Settings) -> None:
+def check_settings(s: Settings, extra: dict[str, Any] | None = None) -> None:
     """Steps whose output exists are skipped, so an output directory must not mix settings: refuse to go on
-    in one made with other settings (adding seeds is fine)."""
+    in one made with other settings (adding seeds is fine). ``extra``: another task's own settings."""
     import hashlib
 
     mine = {"world_seed": s.world_seed, "tiny": s.tiny, "model": s.model, "two_hop_correct": s.two_hop_correct,
             "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs, "sft_learning_rate": s.sft_learning_rate,
             "sft_batches": s.sft_batches, "grpo_steps": s.grpo_steps,
-            "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest()}
+            "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest(), **(extra or {})}
     from ..outputs import aside_path, claim_dir, mark_dir
 
     claim_dir(s.out, "quickstart", move_aside=s.move_aside)
@@ -486,7 +494,11 @@ def run(s: Settings) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="quickstart", description="The quick start (see the module docstring).")
-    ap.add_argument("--out", default="outputs/quickstart", help="output directory (default: outputs/quickstart)")
+    ap.add_argument("--task", choices=("world", "wiki"), default="world",
+                    help="world (default): the embedded fictional world; wiki: 2WikiMultiHopQA questions over a "
+                         "Wikipedia corpus from ../shared/data (agentic_rag.demo.wiki)")
+    ap.add_argument("--out", default=None, help="output directory (default: outputs/quickstart, or "
+                    "outputs/quickstart_wiki with --task wiki)")
     ap.add_argument("--tiny", action="store_true",
                     help="the tiny from-scratch model (a minute or two) instead of SmolLM2-135M-Instruct")
     ap.add_argument("--model", default=REAL_MODEL, help="the pretrained model: a GGUF file, a local directory, a hub "
@@ -506,18 +518,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-batches", choices=SFT_BATCHES, default=None,
                     help="how the real model's SFT batches its examples: random (default) or by_length (as before "
                     "2026-11-23; the model then seldom searches twice: experiments/real_model/README.md)")
+    ap.add_argument("--questions", type=positive_int, default=None,
+                    help="--task wiki: the first N training and validation questions only (a smoke run)")
+    ap.add_argument("--hotpotqa", action="store_true",
+                    help="--task wiki: also evaluate the SFT and GRPO adapters on HotpotQA dev (100 questions, an "
+                         "index of their own paragraphs)")
+    ap.add_argument("--no-ablations", action="store_true",
+                    help="--task wiki: skip the GRPO adapter's search-off and random-passage evaluations")
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
     args = ap.parse_args(argv)
-    seeds = args.seeds if args.seeds is not None else (3 if args.tiny else 1)
-    if seeds < 1:
-        ap.error("--seeds must be >= 1")
+    wiki = args.task == "wiki"
+    if not wiki and (args.questions is not None or args.hotpotqa or args.no_ablations):
+        ap.error("--questions, --hotpotqa and --no-ablations are for --task wiki")
+    if wiki and (args.two_hop_correct is not None or args.sft_batches is not None):
+        ap.error("--two-hop-correct and --sft-batches are for the world task")
+    seeds = args.seeds if args.seeds is not None else (3 if args.tiny and not wiki else 1)
     configure_logging("WARNING", fmt="%(levelname)s %(name)s: %(message)s")
-    kw: dict[str, Any] = dict(out=Path(args.out).resolve(), seeds=list(range(args.first_seed, args.first_seed + seeds)),
+    out = args.out or ("outputs/quickstart_wiki" if wiki else "outputs/quickstart")
+    kw: dict[str, Any] = dict(out=Path(out).resolve(), seeds=list(range(args.first_seed, args.first_seed + seeds)),
                               world_seed=args.world_seed, grpo_steps=args.steps, move_aside=args.move_aside)
     if args.workers is not None:
         kw["workers"] = max(1, args.workers)
+    if wiki:
+        from .wiki import WikiSettings
+        from .wiki import run as run_wiki
+
+        kw.update(questions=args.questions, hotpotqa=args.hotpotqa, ablations=not args.no_ablations)
+        ws = WikiSettings.for_tiny(**kw) if args.tiny else WikiSettings(model=args.model, **kw)
+        if args.sft_epochs is not None:
+            ws.sft_epochs = args.sft_epochs
+        started = time.perf_counter()
+        status = guarded("quickstart", lambda: bool(run_wiki(ws)) and 0)
+        if status == 0:
+            print(f"quick start (wiki) finished in {(time.perf_counter() - started) / 60:.1f} min")
+        return status
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs

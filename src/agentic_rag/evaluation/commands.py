@@ -8,6 +8,7 @@ import sys
 
 from ..argtypes import positive_int
 from ..outputs import add_move_aside
+from .modes import MODES, mode_names
 
 
 def _print_summary(summary: dict) -> None:
@@ -20,11 +21,18 @@ def _print_summary(summary: dict) -> None:
           + (f" latency_p50={lat['p50']:.2f}s" if lat.get("p50") is not None else "")
           + (f" failed_searches={fails['failed']}/{fails['searches']}" if fails.get("failed") else ""),
           file=sys.stderr)
+    samples = summary.get("samples")
+    if samples:
+        passed = " ".join(f"pass@{samples['n']}_{k}={v:.3f}" for k, v in samples["pass_at_n"].items() if v is not None)
+        mixed = samples.get("mixed_share")
+        print(f"{summary.get('run')}: {samples['n']} samples/question {passed}"
+              + (f" mixed_share({samples['mixed_on']})={mixed:.3f}" if mixed is not None else ""), file=sys.stderr)
 
 
 # the flags that run an evaluation without a YAML file -> the settings they set
 SHORTCUTS = {"model": "policy.model", "adapter": "policy.adapter", "questions": "dataset.path",
-             "index": "search.index", "output_dir": "output_dir", "limit": "dataset.limit"}
+             "index": "search.index", "output_dir": "output_dir", "limit": "dataset.limit", "samples": "samples",
+             "mode": "mode"}
 
 
 def eval_overrides(args: argparse.Namespace) -> list[str]:
@@ -48,9 +56,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg, loaded = resolve(data=data, source=args.config or "eval", overrides=overrides, check_files=False)
         print("\n".join(describe(cfg, loaded.origins)))
         return 0
-    if not args.config and not (args.model and args.questions and args.index):
+    if not args.config and not (args.model and args.questions and (args.index or args.mode == "direct")):
         raise UserError("give --config FILE, or --model M --questions FILE --index DIR_OR_URL (and --adapter DIR, "
-                        "--limit N, --out DIR as needed); --describe lists every setting")
+                        "--limit N, --out DIR, --samples N, --mode MODE as needed; --mode direct needs no index); "
+                        "--describe lists every setting")
     name = Path(args.config).stem if args.config else Path(str(args.adapter or args.model)).name or "eval"
     cfg = config_from_dict(data, source=args.config or "eval", overrides=overrides, default_name=name)
     try:
@@ -102,6 +111,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", default=None, help="search.index: an index directory or a search server URL")
     p.add_argument("--output-dir", "--out", dest="output_dir", default=None, help="output_dir")
     p.add_argument("--limit", type=positive_int, default=None, help="dataset.limit: the first N questions")
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help="samples: N rollouts per question at sampling.temperature (> 0 for N > 1): pass@N, the mean "
+                        "over samples and the share of questions whose samples disagree")
+    p.add_argument("--mode", default=None, choices=mode_names(),
+                   help="mode: " + "; ".join(f"{name}: {text}" for name, text in MODES.items()))
     p.add_argument("--overwrite", action="store_true",
                    help="start over instead of resuming: the new run replaces the earlier results in output_dir once "
                         "it is complete (until then they stay as they were)")

@@ -10,6 +10,8 @@
     rollout: {dialect: agentic, max_turns: 8, max_searches: 4, passages_per_search: 3}
     prompt: {language: en}
     sampling: {temperature: 0.0}
+    mode: agent          # or naive_rag (the question's passages in the prompt), direct (closed book)
+    samples: 1           # rollouts per question (> 1 needs sampling.temperature > 0): pass@n, mixed share
     metrics: [em, f1, cover_em, well_formed]
     output_dir: runs/eval/hotpotqa-bm25-base
 
@@ -18,6 +20,10 @@ same names. A trained adapter is evaluated as it was trained: when ``policy.adap
 directory) holds ``agentic_rag.json``, every ``rollout`` and ``prompt`` setting it records that neither the file
 nor ``--set`` gives is taken from it, and each one you set differently is logged. Relative paths are relative to
 the working directory. ``agentic-rag eval --describe`` lists every setting with its value and help.
+
+``mode`` says what the model is given (:mod:`.modes` documents each prompt exactly): ``agent`` (the default),
+``naive_rag`` (the question's top passages in the prompt, no search action) or ``direct`` (closed book).
+``samples: N`` draws N rollouts per question at ``sampling.temperature`` (refused at temperature 0).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ..rollout.settings import PromptSettings, RolloutSettings, SamplingSettings
 from ..rollout.trained_settings import beneath, find_settings, override_lines
 from ..search.settings import SearchSettings, is_url
 from ..settings import Loaded, SettingsError, gather, load, section, setting
+from .modes import mode_names
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +123,21 @@ class EvalConfig:
                                         check=lambda v: next(("has " + unknown_name(m, metric_names(), "metric")
                                                               for m in v if m not in metric_names()), None))
     judge: JudgeSection = section(JudgeSection)
-    batch_size: int = setting(16, "questions rolled out together; finished ones are saved after each batch", min=1)
+    mode: str = setting("agent", "agent: the dialect's system prompt and the question, searching as it likes; "
+                                 "naive_rag: the question's top rollout.passages_per_search passages (the question "
+                                 "is the query) after the question in the user message ('{question}\\n\\nPassages:"
+                                 "\\n{passages as the dialect lays them out}'), no search action (max_searches "
+                                 "treated as 0); direct: the question alone, no passages, no search. Outside agent "
+                                 "the system prompt is prompt.system_prompt when set, else the mode's own asking for "
+                                 "the answer in the dialect's answer tags (agentic_rag.evaluation.modes)",
+                        choices=mode_names)
+    samples: int = setting(1, "rollouts per question, drawn at sampling.temperature (> 0 when samples > 1); the "
+                              "record keeps the first sample's fields and adds 'samples', the summary pass_at_n, "
+                              "mean_over_samples and mixed_share", min=1)
+    batch_size: int = setting(16, "questions rolled out together (each with its samples); finished ones are saved "
+                                  "after each batch", min=1)
     output_dir: str = setting("", "where predictions.jsonl and summary.json go (default: runs/eval/NAME)")
-    seed: int = setting(0, "random seed (sampling)")
+    seed: int = setting(0, "random seed (sampling, and the passages of search.retriever: random)")
     # settings of configs written before the one settings layer -> where they are now (a clear refusal, not a map)
     MOVED: ClassVar[dict[str, str]] = {
         "search.k": "rollout.passages_per_search", "rollout.language": "prompt.language",
@@ -129,6 +148,12 @@ class EvalConfig:
 
     def problems(self, at: Callable[[str], str]) -> list[str]:
         p: list[str] = []
+        if self.samples > 1 and self.sampling.temperature == 0:
+            p.append(f"{at('samples')} is {self.samples} but sampling.temperature is 0 (greedy): every sample would be "
+                     f"the same. Set sampling.temperature (e.g. --set sampling.temperature=1.0), or samples: 1")
+        if self.mode == "naive_rag" and self.search.index == "none":
+            p.append(f"{at('mode')} naive_rag retrieves with the question, and search.index is none: name an index "
+                     f"directory or a search server URL, or use mode: direct for closed book")
         if "judge" in (self.metrics or []):
             from ..rewards.judge import JudgeSettings
 
@@ -163,7 +188,9 @@ def file_problems(cfg: EvalConfig) -> list[str]:
                  "directory) to build prompts")
     if pol.tokenizer and (problem := model_problem(pol.tokenizer, kind="tokenizer")):
         p.append(f"policy.tokenizer: {problem}")
-    if not s.index:
+    if cfg.mode == "direct":
+        pass  # closed book: no index is opened
+    elif not s.index:
         p.append("search.index is empty: an index directory, a search server URL, or none (closed book)")
     elif s.index != "none" and not is_url(s.index) and not (Path(s.index) / "manifest.json").is_file():
         p.append(f"search.index: no index at {s.index} (build one: agentic-rag index build --corpus CORPUS --out "

@@ -23,7 +23,16 @@ rewards); :func:`example_metrics` dispatches on them through :data:`METRIC_FUNCS
 
 The summary holds, besides the mean of every metric: ``n``, searches and turns per question, the
 per-question latency (seconds from the start of its batch to its finish) p50 / p99 / mean, tokens per
-question, how trajectories ended, search errors, and the judge's failure counts.
+question, how trajectories ended, search errors, and the judge's failure counts. Two more parts when the records
+carry what they need:
+
+* ``samples`` (records with ``samples``: ``samples: N`` > 1): ``n`` per question, and for each accuracy metric m
+  ``pass_at_n`` (the share of questions with at least one sample scoring 1 on m) and ``mean_over_samples`` (the
+  mean of m over every sample), and ``mixed_share``: the share of questions whose samples disagree on ``em``
+  (``mixed_on`` names the metric; the first accuracy metric when em is not measured) - the GRPO groups that
+  carry signal, since a group that is all right or all wrong has zero advantage;
+* ``by_kind`` / ``by_type`` (records whose ``meta`` has ``kind`` / ``type``): per group, ``n``, the mean of every
+  accuracy metric and searches per question (questions without the field are the group ``(none)``).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..data.questions import GROUP_KEYS  # the question fields a summary is broken down by (by_kind, by_type)
 from ..jsonl import FileFormatError, iter_jsonl
 from ..rewards.accuracy import choice_accuracy, cover_exact_match, exact_match, f1_score
 from ..rewards.registry import accuracy_names, compare_fn, get_scorer, metric_names, metric_value
@@ -133,6 +143,12 @@ def summarize(records: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> d
         "latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
                       "mean": _mean(latencies)},
     }
+    accuracy = [m for m in metrics if m in ACCURACY]
+    if any(r.get("samples") for r in records):
+        summary["samples"] = sample_summary(records, accuracy)
+    for key in GROUP_KEYS:
+        if any((r.get("meta") or {}).get(key) is not None for r in records):
+            summary[f"by_{key}"] = group_summary(records, accuracy, key)
     if "judge" in metrics:
         statuses = Counter((r.get("judge") or {}).get("status", "missing") for r in records)
         summary["judge"] = {"judged": counted.get("judge", 0), "yes": statuses.get("yes", 0),
@@ -140,6 +156,40 @@ def summarize(records: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> d
                             "skipped_empty_prediction": statuses.get("skipped", 0),
                             "failed": statuses.get("failed", 0), "garbage": statuses.get("garbage", 0)}
     return summary
+
+
+def sample_summary(records: Sequence[Mapping[str, Any]], accuracy: Sequence[str]) -> dict[str, Any]:
+    """pass@n, the mean over samples and the share of mixed questions (see the module docstring). A record
+    without ``samples`` counts as its one sample; a metric with no value (no judge verdict) is left out."""
+    per_question = [r.get("samples") or [r] for r in records]
+    pass_at_n: dict[str, float | None] = {}
+    mean_over: dict[str, float | None] = {}
+    for m in accuracy:
+        values = [[v for s in group if (v := metric_value(s["metrics"], m)) is not None] for group in per_question]
+        scored = [vs for vs in values if vs]
+        pass_at_n[m] = _mean([float(max(vs) >= 1.0) for vs in scored])
+        mean_over[m] = _mean([v for vs in scored for v in vs])
+    on = "em" if "em" in accuracy else (accuracy[0] if accuracy else None)
+    mixed = None
+    if on is not None:
+        groups = [{v for s in group if (v := metric_value(s["metrics"], on)) is not None} for group in per_question]
+        mixed = _mean([float(len(g) > 1) for g in groups if g])
+    return {"n": max(len(g) for g in per_question), "pass_at_n": pass_at_n, "mean_over_samples": mean_over,
+            "mixed_share": mixed, "mixed_on": on}
+
+
+def group_summary(records: Sequence[Mapping[str, Any]], accuracy: Sequence[str], key: str) -> dict[str, Any]:
+    """Per value of ``meta[key]`` (in order of first appearance): ``n``, the mean of each accuracy metric, and
+    searches per question."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        value = (r.get("meta") or {}).get(key)
+        groups.setdefault("(none)" if value is None else str(value), []).append(r)
+    out: dict[str, Any] = {}
+    for name, rs in groups.items():
+        means = {m: _mean([v for r in rs if (v := metric_value(r["metrics"], m)) is not None]) for m in accuracy}
+        out[name] = {"n": len(rs), "metrics": means, "searches_per_question": _mean([r["num_searches"] for r in rs])}
+    return out
 
 
 # ------------------------------------------------------------------------------------------ re-scoring

@@ -4,7 +4,10 @@
 
 * ``report.md``: one table row per run (every metric, searches and turns per question, latency), what
   each run was (model, adapter, dataset, index), the judge's failure counts, and - for runs that share
-  example ids with the first run - how many examples each later run fixed and broke on each metric;
+  example ids with the first run - how many examples each later run fixed and broke on each metric; when
+  runs broke their questions down by kind or type (``by_kind`` / ``by_type`` in their summaries), one more
+  table per grouping (a row per run and group: n, each accuracy metric, searches per question), and when runs
+  drew several samples per question, a table of pass@n, the mean over samples and the mixed share;
 * ``report.png`` (next to it): a grouped bar chart of the accuracy metrics and well_formed, one bar per run.
 """
 
@@ -90,6 +93,41 @@ def markdown_table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def group_table(runs: list[Run], key: str) -> str | None:
+    """The ``by_{key}`` breakdown of the runs that have one (a row per run and group), or None when none has."""
+    having = [r for r in runs if isinstance(r.summary.get(f"by_{key}"), dict)]
+    if not having:
+        return None
+    metrics = [m for m in ACCURACY if any(m in (g.get("metrics") or {}) for r in having
+                                          for g in r.summary[f"by_{key}"].values())]
+    head = ["run", key, "n"] + [label(m) for m in metrics] + ["searches/q"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in having:
+        for name, g in r.summary[f"by_{key}"].items():
+            cells = [r.name, str(name), str(g.get("n", 0))] + [_fmt((g.get("metrics") or {}).get(m)) for m in metrics]
+            lines.append("| " + " | ".join(cells + [_fmt(g.get("searches_per_question"), 2)]) + " |")
+    return "\n".join(lines)
+
+
+def samples_table(runs: list[Run]) -> str | None:
+    """pass@n and the mean over samples per accuracy metric, and the mixed share, of the runs that drew several
+    samples per question; None when none did."""
+    having = [r for r in runs if isinstance(r.summary.get("samples"), dict)]
+    if not having:
+        return None
+    metrics = [m for m in ACCURACY if any(r.summary["samples"].get("pass_at_n", {}).get(m) is not None
+                                          for r in having)]
+    head = (["run", "samples/q"] + [f"pass@n {label(m)}" for m in metrics]
+            + [f"mean {label(m)}" for m in metrics] + ["mixed share"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in having:
+        s = r.summary["samples"]
+        cells = ([r.name, str(s.get("n"))] + [_fmt(s.get("pass_at_n", {}).get(m)) for m in metrics]
+                 + [_fmt(s.get("mean_over_samples", {}).get(m)) for m in metrics] + [_fmt(s.get("mixed_share"))])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(runs: list[Run], path: str | os.PathLike) -> Path:
     import matplotlib
 
@@ -163,13 +201,19 @@ def write_report(paths: list[str | os.PathLike], out: str | os.PathLike, names: 
         what = f"model `{pol.get('model', '?')}`" + (f" + adapter `{pol['adapter']}`" if pol.get("adapter") else "")
         if pol.get("type") == "endpoint":
             what += f" at {pol.get('base_url')}"
-        md.append(f"- **{r.name}** ({r.dir}): {what}; dataset `{s.get('dataset')}`; dialect {s.get('dialect')}; "
-                  f"search {search.get('retriever')} over `{search.get('index')}` (k={search.get('k')}); "
-                  f"finish reasons {s.get('finish_reasons')}")
+        mode = s.get("mode", "agent")
+        where = ("no search (closed book)" if mode == "direct" else
+                 f"search {search.get('retriever')} over `{search.get('index')}` (k={search.get('k')})")
+        md.append(f"- **{r.name}** ({r.dir}): {what}; dataset `{s.get('dataset')}`; mode {mode}; dialect "
+                  f"{s.get('dialect')}; {where}; finish reasons {s.get('finish_reasons')}")
         judge = s.get("judge")
         if judge:
             md.append(f"  - judge: {judge.get('judged', 0)} judged ({judge.get('yes', 0)} yes, {judge.get('no', 0)} "
                       f"no), {judge.get('failed', 0)} failed, {judge.get('garbage', 0)} garbage replies")
+    for title, table in (("Samples", samples_table(runs)), ("By kind", group_table(runs, "kind")),
+                         ("By type", group_table(runs, "type"))):
+        if table:
+            md += ["", f"## {title}", "", table]
     paired = paired_lines(runs)
     if paired:
         md += ["", "## Per-question changes", "", *paired]

@@ -1,5 +1,8 @@
 """The evaluation runner: the rollout engine over a dataset, scored with one scorer, resumable.
 
+Modes (``mode``: ``agent``, ``naive_rag``, ``direct``) and their prompts are in :mod:`.modes`; samples (``samples: N``)
+are N copies of each question in the engine's batch, drawn at ``sampling.temperature``.
+
 Reads top to bottom: read the questions; open the output directory and find what is already done; check
 every endpoint (policy, judge) and open the searcher; load the tokenizer and the policy (a local model with
 its optional LoRA adapter, or an OpenAI-compatible endpoint); then, batch by batch, roll the questions out
@@ -11,15 +14,21 @@ with :class:`~agentic_rag.rollout.AgentRollout`, ask the judge, score, and appen
   ``judge`` (verdict status and reply), ``finish_reason, num_searches, num_turns, queries, search_errors``
   (failed search queries), ``searches_made`` (search queries carried out), ``latency_s, completion_tokens,
   model_tokens, trajectory`` (the completion text: model turns and
-  observations) and a little ``meta`` (question type, level, options);
-* ``summary.json``: the run's summary (:func:`~.metrics.summarize`) with the config that made it;
+  observations) and a little ``meta`` (question kind and type, level, options); with ``samples: N`` > 1 these
+  are the first sample's, and ``samples`` lists every sample's ``prediction, metrics, finish_reason,
+  num_searches, search_errors, searches_made``; in ``naive_rag`` mode, ``retrieval`` holds the question's query,
+  the docids and titles put in the prompt, and the search error if there was one;
+* ``summary.json``: the run's summary (:func:`~.metrics.summarize`: with samples, ``samples.pass_at_n``,
+  ``mean_over_samples`` and ``mixed_share``; with question kinds or types, ``by_kind`` / ``by_type``), the
+  ``mode`` and the config that made it;
 * ``config.json``: the resolved config, checked on resume.
 
 **Resume.** Each batch's lines are written, flushed and fsynced as soon as the batch is scored; a rerun
 with the same ``output_dir`` skips every id already in ``predictions.jsonl`` (a line torn by a crash is
 dropped), so an interruption loses at most the batch in flight. A rerun whose config differs in anything
-that changes results (model, adapter, dataset, search, rollout, sampling, metrics, judge) is refused;
-``limit``, batch sizes, concurrency and timeouts may change (raise ``limit`` to extend a run).
+that changes results (model, adapter, dataset, search, rollout, sampling, mode, samples, metrics, judge) is
+refused; ``limit``, batch sizes, concurrency and timeouts may change (raise ``limit`` to extend a run). A record
+is written once all its samples are done.
 """
 
 from __future__ import annotations
@@ -52,9 +61,11 @@ HARMLESS = {"name", "output_dir", "dataset.limit", "sampling.max_batch_size", "p
 # With --overwrite the new run is written here (inside output_dir) and moved over the old files only once it is
 # complete; an interrupted --overwrite run leaves the old results whole and resumes from here.
 NEXT = ".overwrite"
-META_KEYS = ("type", "level", "setting", "hops", "answerable", "options", "answer_idx", "meta_info")
+META_KEYS = ("kind", "type", "level", "setting", "hops", "answerable", "options", "answer_idx", "meta_info")
 
 BatchHook = Callable[[int, list[dict[str, Any]]], None]
+# settings added after runs were written: a run's config.json without one had its value (resume still works)
+ADDED_DEFAULTS = {"mode": "agent", "samples": 1}
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -114,7 +125,7 @@ def _config_differs(run_dir: Path, cfg: EvalConfig) -> list[str]:
     if not (path.is_file() and (run_dir / PREDICTIONS).is_file()):
         return []
     try:
-        old = _flat(json.loads(path.read_text(encoding="utf-8")))
+        old = {**ADDED_DEFAULTS, **_flat(json.loads(path.read_text(encoding="utf-8")))}
     except ValueError:
         raise EvalConfigError([f"{path} is damaged (not JSON); move the run away or pass --overwrite"],
                               str(path)) from None
@@ -205,16 +216,18 @@ def build_policy(cfg: EvalConfig, tokenizer):
     model = load_causal_lm(pol.model, adapter=pol.adapter or None, dtype=pol.dtype, device=pol.device or None,
                            merge_adapter=pol.merge_adapter)
     return HFPolicy(model, tokenizer, sampling_params(cfg), return_logprobs=False,
-                    max_batch_size=cfg.sampling.max_batch_size or cfg.batch_size)
+                    max_batch_size=cfg.sampling.max_batch_size or cfg.batch_size * cfg.samples)
 
 
 def build_searcher(cfg: EvalConfig):
-    if cfg.search.index == "none":
+    """The config's searcher; None closed book (``search.index: none``, or ``mode: direct``, which opens none).
+    ``search.retriever: random`` draws with the run's ``seed``."""
+    if cfg.search.index == "none" or cfg.mode == "direct":
         return None
     from ..search import open_searcher
 
     return open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
-                         timeout=cfg.search.timeout_s)
+                         timeout=cfg.search.timeout_s, seed=cfg.seed)
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -234,11 +247,29 @@ def read_rows(cfg: EvalConfig) -> list[QARow]:
     return rows
 
 
-def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> dict[str, Any]:
+def _scores(row: QARow, traj, metrics: list[str], verdict) -> dict[str, float | None]:
     options = row.meta.get("options") if isinstance(row.meta.get("options"), dict) else None
     well_formed = is_well_formed(traj.finish_reason, traj.answer, traj.events)
-    scores = example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
-                             judge=None if verdict is None else verdict.value)
+    return example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
+                           judge=None if verdict is None else verdict.value)
+
+
+def _sample(row: QARow, traj, metrics: list[str], verdict) -> dict[str, Any]:
+    """One sample of a question (``samples`` > 1): its answer, metrics, ending and searches."""
+    failed, made = search_outcomes(traj.events)
+    out: dict[str, Any] = {"prediction": traj.answer, "metrics": _scores(row, traj, metrics, verdict),
+                           "finish_reason": traj.finish_reason, "num_searches": traj.num_searches,
+                           "search_errors": failed, "searches_made": made}
+    if verdict is not None:
+        out["judge"] = {"status": verdict.status, "reply": verdict.raw}
+    return out
+
+
+def _record(row: QARow, traj, metrics: list[str], latency: float, verdict,
+            samples: list[dict[str, Any]] | None = None, retrieval: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A question's line: its first sample's fields, then ``samples`` (all of them, when more than one) and
+    ``retrieval`` (``naive_rag``'s search)."""
+    scores = samples[0]["metrics"] if samples else _scores(row, traj, metrics, verdict)
     queries = [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
     failed, made = search_outcomes(traj.events)
     rec: dict[str, Any] = {
@@ -252,6 +283,10 @@ def _record(row: QARow, traj, metrics: list[str], latency: float, verdict) -> di
     }
     if verdict is not None:
         rec["judge"] = {"status": verdict.status, "reply": verdict.raw}
+    if samples is not None:
+        rec["samples"] = samples
+    if retrieval is not None:
+        rec["retrieval"] = retrieval
     return rec
 
 
@@ -270,6 +305,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
 
     from ..data.prompts import build_prompt
     from ..rollout import AgentRollout, RolloutHooks
+    from .modes import mode_rollout
 
     rows = read_rows(cfg)
     has_options = any(isinstance(r.meta.get("options"), dict) for r in rows)
@@ -300,7 +336,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
         tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
         owned = policy is None
         policy = policy if policy is not None else build_policy(cfg, tokenizer)
-        engine = AgentRollout(policy, tokenizer, searcher, cfg.rollout, search_timeout_s=cfg.search.timeout_s)
+        engine = AgentRollout(policy, tokenizer, searcher, mode_rollout(cfg.rollout, cfg.mode),
+                              search_timeout_s=cfg.search.timeout_s)
         size = cfg.batch_size
         bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
                    disable=not progress)
@@ -308,7 +345,8 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
             with open(pred_path, "a", encoding="utf-8") as f:
                 for b, start in enumerate(range(0, len(pending), size)):
                     batch = pending[start:start + size]
-                    records = _run_batch(engine, tokenizer, cfg, batch, metrics, judge, build_prompt, RolloutHooks)
+                    records = _run_batch(engine, tokenizer, cfg, batch, metrics, judge, build_prompt, RolloutHooks,
+                                         searcher)
                     append_records(f, records)
                     for rec in records:
                         done[rec["id"]] = rec
@@ -333,7 +371,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
         "policy": {k: getattr(cfg.policy, k) for k in ("type", "model", "adapter", "base_url")},
         "search": {"index": cfg.search.index, "retriever": cfg.search.retriever,
                    "k": cfg.rollout.passages_per_search},
-        "dialect": cfg.rollout.dialect,
+        "dialect": cfg.rollout.dialect, "mode": cfg.mode,
         "this_session": {"examples": len(pending), "elapsed_s": round(elapsed, 3),
                          "questions_per_s": round(len(pending) / elapsed, 4) if pending and elapsed > 0 else None},
         "config": config_to_dict(cfg),
@@ -353,15 +391,28 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
 
 
 def search_failures(records: list[dict[str, Any]], cfg: EvalConfig) -> dict[str, Any]:
-    """How many of the run's searches failed (error observations instead of passages), against the threshold.
-    A closed-book run (``search.index: none``) has no search target to fail: never over the threshold."""
-    failed = sum(int(r.get("search_errors") or 0) for r in records)
-    # search queries carried out (records of earlier versions have only the search actions the model took)
-    searches = sum(int(r.get("searches_made", r.get("num_searches")) or 0) for r in records)
+    """How many of the run's searches failed (error observations instead of passages), against the threshold:
+    every sample's searches, and ``naive_rag``'s search with the question. A closed-book run (``search.index:
+    none``, or ``mode: direct``) has no search target to fail: never over the threshold, and ``not_counted`` says
+    why (with ``index: none`` every search the model writes gets an error observation by design)."""
+    failed = searches = 0
+    for r in records:
+        for s in r.get("samples") or [r]:
+            failed += int(s.get("search_errors") or 0)
+            # search queries carried out (records of earlier versions have only the search actions the model took)
+            searches += int(s.get("searches_made", s.get("num_searches")) or 0)
+        if isinstance(r.get("retrieval"), dict):
+            searches += 1
+            failed += int(bool(r["retrieval"].get("error")))
     rate = failed / searches if searches else 0.0
-    closed_book = cfg.search.index == "none"
-    return {"failed": failed, "searches": searches, "rate": round(rate, 4), "max_rate": cfg.search.max_failure_rate,
-            "over_threshold": (not closed_book) and failed > 0 and rate > cfg.search.max_failure_rate}
+    closed_book = cfg.search.index == "none" or cfg.mode == "direct"
+    out = {"failed": failed, "searches": searches, "rate": round(rate, 4), "max_rate": cfg.search.max_failure_rate,
+           "over_threshold": (not closed_book) and failed > 0 and rate > cfg.search.max_failure_rate}
+    if closed_book:
+        why = "mode: direct" if cfg.mode == "direct" else "search.index: none"
+        out["not_counted"] = (f"closed book ({why}): there is no search target, so a search the model writes "
+                              f"(answered with an error observation, or refused) is no failure of the run")
+    return out
 
 
 def probe_searcher(searcher: Any, where: str) -> None:
@@ -373,25 +424,45 @@ def probe_searcher(searcher: Any, where: str) -> None:
 
 
 def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: list[str], judge, build_prompt,
-               hooks_cls) -> list[dict[str, Any]]:
-    p = cfg.prompt
+               hooks_cls, searcher: Any = None) -> list[dict[str, Any]]:
+    """Roll out one batch of questions, each ``cfg.samples`` times (copies side by side in the engine's batch),
+    with the prompts of ``cfg.mode`` (:mod:`.modes`); one record per question, made once all its samples are done."""
+    from .modes import mode_system_prompt, retrieve, user_message
+
+    p, n = cfg.prompt, cfg.samples
     questions = [prompt_question(row) for row in batch]
-    prompts = [build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language, chat=p.chat_template,
-                            system=p.system_prompt or None) for q in questions]
+    passages: list[str | None] = [None] * len(batch)
+    retrieval: list[dict[str, Any] | None] = [None] * len(batch)
+    if cfg.mode == "naive_rag":
+        found = retrieve(searcher, [row.question for row in batch], cfg.rollout.passages_per_search)
+        for i, (row, (hits, error)) in enumerate(zip(batch, found, strict=True)):
+            passages[i] = engine.dialect.format_passages(hits)
+            retrieval[i] = {"query": row.question, "docids": [h.docid for h in hits],
+                            "titles": [h.title for h in hits], "error": error}
+    system = mode_system_prompt(cfg.mode, engine.dialect, p.language, p.system_prompt)
+    prompts = [build_prompt(tokenizer, user_message(q, passages[i], p.language), cfg.rollout.dialect,
+                            language=p.language, chat=p.chat_template, system=system)
+               for i, q in enumerate(questions)]
+    copies = [i for i in range(len(batch)) for _ in range(n)]  # question i's samples are rows i*n .. i*n+n-1
     finished: dict[int, float] = {}
     t0 = time.perf_counter()
 
-    def on_event(i: int, event: dict[str, Any]) -> None:
+    def on_event(j: int, event: dict[str, Any]) -> None:
         if event.get("type") == "finish":
-            finished[i] = time.perf_counter() - t0
+            finished[j] = time.perf_counter() - t0
 
-    trajs = engine.run(prompts, questions, hooks_cls(on_event=on_event))
+    trajs = engine.run([prompts[i] for i in copies], [questions[i] for i in copies], hooks_cls(on_event=on_event))
     batch_time = time.perf_counter() - t0
-    verdicts: list[Any] = [None] * len(batch)
+    verdicts: list[Any] = [None] * len(trajs)
     if "judge" in metrics and judge is not None:
         from ..rewards.judge import JudgeItem
 
-        items = [JudgeItem(q, row.answers, t.answer) for q, row, t in zip(questions, batch, trajs, strict=True)]
+        items = [JudgeItem(questions[i], batch[i].answers, t.answer) for i, t in zip(copies, trajs, strict=True)]
         verdicts = judge.judge_batch_detailed(items)
-    return [_record(row, t, metrics, finished.get(i, batch_time), verdicts[i])
-            for i, (row, t) in enumerate(zip(batch, trajs, strict=True))]
+    records = []
+    for i, row in enumerate(batch):
+        first = i * n
+        samples = [_sample(row, trajs[j], metrics, verdicts[j]) for j in range(first, first + n)] if n > 1 else None
+        records.append(_record(row, trajs[first], metrics, finished.get(first, batch_time), verdicts[first],
+                               samples, retrieval[i]))
+    return records

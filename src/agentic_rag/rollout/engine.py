@@ -138,10 +138,17 @@ class AgentRollout:
         self.settings = settings
         self.dialect = dialect if dialect is not None else get_dialect(settings.dialect)
         self.search_timeout_s, self.min_turn_tokens = search_timeout_s, min_turn_tokens
-        missing = [t.tool for t in self.dialect.tool_tags if t.tool not in self.tools]
+        # with max_searches 0 (closed book) a search is refused before any tool is asked: no search tool is needed
+        missing = [t.tool for t in self.dialect.tool_tags
+                   if t.tool not in self.tools and not (t.tool == "search" and settings.max_searches == 0)]
         if missing:
             log.warning("no tool registered for %s: those actions will get an error observation", missing)
         self._tool_runner = ToolRunner(self.tools)
+
+    @property
+    def tool_seconds(self) -> tuple[float, float]:
+        """Seconds spent in tool calls (on their threads) and seconds the engine waited for them, so far."""
+        return self._tool_runner.call_seconds, self._tool_runner.wait_seconds
 
     def close(self) -> None:
         """Refuse further runs. Tool calls that timed out are left to finish on their daemon threads (see

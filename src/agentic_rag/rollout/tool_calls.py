@@ -73,7 +73,11 @@ class ToolBatch:
         """Wait (until the deadline at most) for every tool of the batch and distribute the results."""
         for name, group, future in self.jobs:
             try:
-                results = future.result(timeout=max(0.0, self.deadline - time.monotonic()))
+                waited = time.perf_counter()
+                try:
+                    results = future.result(timeout=max(0.0, self.deadline - time.monotonic()))
+                finally:
+                    self.runner.wait_seconds += time.perf_counter() - waited
                 if len(results) != sum(len(c.action.queries) for c in group):
                     raise RuntimeError(f"tool {name!r} returned {len(results)} results for "
                                        f"{sum(len(c.action.queries) for c in group)} queries")
@@ -102,6 +106,20 @@ class ToolRunner:
         self.closed = False
         self._abandoned: list[Future] = []
         self._lock = threading.Lock()
+        # time spent in tool calls (on their threads) and time the engine stood waiting for them (on its own)
+        self.call_seconds = 0.0
+        self.wait_seconds = 0.0
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                with self._lock:
+                    self.call_seconds += time.perf_counter() - started
+
+        return run
 
     def submit(self, calls: list[ToolCall], k: int, timeout_s: float) -> ToolBatch:
         """Start one batch call per tool for all ``calls`` (in order); a missing tool is an error at once."""
@@ -118,7 +136,7 @@ class ToolRunner:
                     call.error = f"no tool named {name!r} is available"
                 continue
             queries = [q for call in group for q in call.action.queries]
-            jobs.append((name, group, _spawn(name, self.tools.get(name).batch, queries, k)))
+            jobs.append((name, group, _spawn(name, self._timed(self.tools.get(name).batch), queries, k)))
         return ToolBatch(calls, jobs, start + timeout_s, timeout_s, self)
 
     def _abandon(self, future: Future) -> None:

@@ -106,6 +106,12 @@ def read_settings(path: str | os.PathLike) -> dict[str, Any]:
     return flat
 
 
+def find_settings_file(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """The settings of one settings file (an adapter's ``agentic_rag.json``, or the ``*.settings.json`` beside a
+    trajectory file), in :func:`find_settings`' shape."""
+    return read_settings(path), Path(path)
+
+
 def find_settings(*directories: str | os.PathLike | None) -> tuple[dict[str, Any], Path] | None:
     """The settings of the first directory that has a file (an adapter before its base model), or None."""
     for directory in directories:

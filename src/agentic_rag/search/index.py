@@ -19,7 +19,7 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
                   k1: float | None = None, b: float | None = None, corpus: str | None = None,
                   cache_size: int | None = None, timeout: float = 10.0, retries: int = 3,
                   nprobe: int | None = None, ef_search: int | None = None, k_factor: int | None = None,
-                  mmap: bool = True) -> Searcher:
+                  mmap: bool = True, seed: int = 0) -> Searcher:
     """A :class:`Searcher` for ``index``: an index directory, or the URL of ``agentic-rag serve-search``.
 
     The index is checked against its manifest (parts present, document counts, encoder); every failure
@@ -30,6 +30,8 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
     Dense part: ``nprobe`` (ivf, ivfpq), ``ef_search`` (hnsw) and ``k_factor`` (an index built with ``refine``)
     override the defaults the manifest records;
     ``mmap`` memory-maps the FAISS files (opening takes milliseconds; pages load on first use).
+    ``random`` (the ablation of search, :mod:`.random_searcher`) answers from the index's passage store, drawing
+    with ``seed``; it needs an index directory (a server searches as it was started).
     """
     if retriever not in RETRIEVERS:
         raise ValueError(f"unknown retriever {retriever!r}; choose one of {', '.join(RETRIEVERS)}")
@@ -44,6 +46,9 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
         if retriever == "bm25":
             raise ValueError(f"{named} tune the dense index, and retriever 'bm25' has none: use --retriever dense "
                              f"or hybrid, or leave them out")
+    if retriever == "random" and is_url(index):
+        raise ValueError(f"retriever 'random' reads an index directory's passage store; {index} is a search server: "
+                         f"name the index directory, or start the server with --retriever random")
     if is_url(index):
         from .client import HTTPSearcher
 
@@ -56,6 +61,8 @@ def open_searcher(index: str | os.PathLike, retriever: str = "bm25", *, dense_en
     searcher: Searcher
     if retriever == "bm25":
         searcher = _open_bm25(index_dir, manifest, threads, k1, b)
+    elif retriever == "random":
+        searcher = _open_random(index_dir, manifest, seed)
     elif retriever == "dense":
         searcher = _open_dense(index_dir, manifest, dense_encoder, threads, tuning, mmap)
     else:
@@ -90,6 +97,16 @@ def _open_bm25(index_dir: Path, manifest: IndexManifest, threads: int | None, k1
         raise IndexMismatchError(f"the BM25 index at {path} holds {searcher.num_docs} documents but the manifest "
                                  f"says {part.docs}.\n" + rebuild_hint(index_dir, manifest.corpus.get("path")))
     return searcher
+
+
+def _open_random(index_dir: Path, manifest: IndexManifest, seed: int):
+    from .random_searcher import RandomSearcher
+
+    if manifest.docstore is None:
+        raise IndexMissingError(f"retriever 'random' draws from the index's passage store, and the index at "
+                                f"{index_dir} has none (it was linked without a corpus).\n"
+                                + rebuild_hint(index_dir, manifest.corpus.get("path")))
+    return RandomSearcher(open_docstore(index_dir, manifest), seed=seed)
 
 
 def _open_dense(index_dir: Path, manifest: IndexManifest, dense_encoder: str | None, threads: int | None,

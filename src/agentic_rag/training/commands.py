@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+from pathlib import Path
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import non_negative_int, positive_float, positive_int
 from ..outputs import add_move_aside
-from ..rollout.trained_settings import SavedSettings
+from ..rollout.trained_settings import SavedSettings, beneath, find_settings_file, override_lines
 from ..settings import add_flags, flag_overrides, load
 
 SFT_FLAGS: dict[str, str] = {}  # flag dest -> setting, filled when the parser is built
@@ -30,8 +32,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from ..outputs import check_apart, claim_dir
     from .sft import run_sft
 
-    # everything the user named is checked before the model loads: the settings first, then the paths
-    saved, _ = load(SavedSettings, env={}, overrides=flag_overrides(args, SFT_FLAGS), source="sft")
+    # everything the user named is checked before the model loads: the settings first, then the paths. The
+    # settings the trajectories were made with (`agentic-rag trajectories` writes DATA.settings.json) apply to
+    # every setting no flag gives: the model is recorded with the very settings its data was played with.
+    sidecar = Path(str(args.data) + ".settings.json")
+    found = find_settings_file(sidecar) if sidecar.is_file() else None
+    saved, loaded = load(SavedSettings, env={}, overrides=flag_overrides(args, SFT_FLAGS), source="sft",
+                         beneath=beneath(found))
+    for line in override_lines(found, saved, loaded.origins):
+        logging.getLogger("agentic_rag.sft").info(line)
     input_file(args.data, "--data", what="JSONL trajectory file")
     if problem := model_problem(args.model):
         raise ValueError(f"--model: {problem}")
@@ -40,8 +49,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     summary = run_sft(model=args.model, data=args.data, output_dir=args.out, rollout=saved.rollout,
                       prompt=saved.prompt, epochs=args.epochs, learning_rate=args.lr,
                       batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha, full=args.full,
-                      merge=args.merge,
-                      max_length=args.max_length, seed=args.seed)
+                      merge=args.merge, max_length=args.max_length, seed=args.seed,
+                      gradient_checkpointing=args.gradient_checkpointing, group_by_length=args.group_by_length,
+                      grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume)
     print(json.dumps(summary))
     return 0
 
@@ -78,5 +88,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                          "(the warm start a GRPO run then adapts)")
     p.add_argument("--max-length", type=positive_int, default=2048)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--grad-accum", type=positive_int, default=1,
+                   help="micro-batches of --batch-size per optimizer step (the same step in less memory)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute activations in the backward pass: far less memory, about a third slower")
+    p.add_argument("--group-by-length", action="store_true",
+                   help="batch trajectories of similar length (faster; long trajectories then weigh less)")
+    p.add_argument("--save-steps", type=non_negative_int, default=50,
+                   help="a checkpoint every N optimizer steps, in OUT.partial (0: none)")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run in OUT.partial")
     add_move_aside(p)
     p.set_defaults(func=cmd_sft)

@@ -223,6 +223,12 @@ class LoggingConfig:
     logging_steps: int = setting(1, "log metrics every N steps", min=1)
     sample_table_every: int = setting(10, "log a table of sample trajectories every N steps (0 = never)", min=0)
     sample_table_rows: int = setting(4, "trajectories in each table", min=1)
+    validation_file: str = setting("", "questions the current policy is evaluated on greedily every "
+                                       "validation_every steps and at the end (eval/em, eval/f1, per kind), in the "
+                                       "log, SwanLab and OUTPUT_DIR/validation.jsonl; empty: none")
+    validation_every: int = setting(0, "optimizer steps between validation runs (0: only at the start and end)",
+                                    min=0)
+    validation_limit: int | None = setting(None, "the first N validation questions only (null: all)", min=1)
 
 
 @dataclass
@@ -411,6 +417,8 @@ def file_problems(cfg: ExperimentConfig, env: Mapping[str, str]) -> list[str]:
     if m.adapter and not (Path(m.adapter) / "adapter_config.json").is_file():
         p.append(f"model.adapter: no LoRA adapter at {m.adapter} (a peft directory with adapter_config.json, e.g. a "
                  f"stage-1 run's OUTPUT_DIR/final)")
+    if cfg.logging.validation_file and not Path(cfg.logging.validation_file).is_file():
+        p.append(f"logging.validation_file: no such file {cfg.logging.validation_file}")
     if not cfg.data.train_file:
         p.append("data.train_file is empty: point it at a question file")
     elif not Path(cfg.data.train_file).is_file():

@@ -75,6 +75,29 @@ def lora_config(cfg: ModelConfig) -> Any:
                       target_modules=targets, task_type="CAUSAL_LM", bias="none")
 
 
+def quiet_adapter_saves(model: Any) -> None:
+    """Save ``model``'s LoRA adapter without peft asking a model hub about its base model.
+
+    peft's ``save_pretrained`` (``save_embedding_layers="auto"``) looks the base model's ``config.json`` up, locally
+    and then on the hub, to see whether the vocabulary was resized. A packaged or GGUF base model is named by a short
+    name or a file (what :func:`agentic_rag.models.resolve_model` finds again), which is no hub repository: every
+    checkpoint then warned that the hub could not be reached (or, online, asked it in vain). Our adapters never
+    train or resize the embeddings, so there is nothing to look up: saves pass ``save_embedding_layers=False``.
+    A model that is not a peft model, or whose LoRA targets an embedding layer, is left as it is."""
+    import functools
+
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel) or getattr(model.save_pretrained, "agentic_rag_quiet", False):
+        return
+    targets = getattr(model.peft_config.get(model.active_adapter), "target_modules", None) or ()
+    if isinstance(targets, str) or any("embed" in t or "lm_head" in t for t in targets):
+        return
+    save = functools.partial(model.save_pretrained, save_embedding_layers=False)
+    save.agentic_rag_quiet = True  # type: ignore[attr-defined]
+    model.save_pretrained = save
+
+
 def compact_lm_head_scoring() -> None:
     """Make TRL's fused LM head (GRPO and SFT) project only the labelled positions on a CPU too, as on Triton devices.
 

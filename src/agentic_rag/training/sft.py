@@ -115,7 +115,8 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
                       lora_r: int = 16, lora_alpha: int = 32, full: bool = False, max_length: int = 2048,
                       seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
                       base_model: Any = None, tokenizer: Any = None, gradient_checkpointing: bool = True,
-                      group_by_length: bool = False):
+                      group_by_length: bool = False, grad_accum: int = 1, save_steps: int = 0,
+                      callbacks: list | None = None):
     """TRL's SFTTrainer on the trajectories of ``data`` (see :func:`run_sft`); returns ``(trainer, examples,
     skipped)``. The dataset carries ``completion_mask``; with ``completion_only_loss`` TRL turns it into labels
     that are -100 on the prompt and on every environment token. ``base_model`` and ``tokenizer``: ``model``
@@ -127,14 +128,15 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
     trajectory's length. It changes what is learned, not only the speed: the loss is a mean over each batch's
     trained tokens and every batch weighs the same, so batched by length a long trajectory's tokens weigh less
     than a short one's (on the real-model quick start it cut the SFT model's sampled two-search rate from 23% to
-    6%: experiments/real_model/README.md)."""
+    6%: experiments/real_model/README.md). ``grad_accum``: micro-batches of ``batch_size`` per optimizer step (the
+    same step, less activation memory). ``save_steps``: a checkpoint every N optimizer steps (0: none)."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     from ..models import load_tokenizer
     from .config import ModelConfig
-    from .model import compact_lm_head_scoring, load_base_model, lora_config
+    from .model import compact_lm_head_scoring, load_base_model, lora_config, quiet_adapter_saves
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, padding_side="right")
     rollout, prompt = rollout or RolloutSettings(), prompt or PromptSettings()
@@ -147,42 +149,80 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
     peft = None if full else lora_config(model_cfg)
     args = SFTConfig(output_dir=output_dir, num_train_epochs=epochs, learning_rate=learning_rate,
                      per_device_train_batch_size=batch_size, completion_only_loss=True, max_length=max_length,
-                     seed=seed, save_strategy="no", logging_steps=logging_steps, report_to=report_to or [],
+                     seed=seed, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+                     save_total_limit=2, gradient_accumulation_steps=grad_accum, logging_steps=logging_steps,
+                     report_to=report_to or [],
                      use_cpu=not torch.cuda.is_available(), bf16=False,
                      activation_checkpointing=gradient_checkpointing,  # transformers 5 name (gradient_ deprecated)
                      train_sampling_strategy="group_by_length" if group_by_length else "random")
     compact_lm_head_scoring()  # on a CPU, project only the trained (labelled) positions, as on a GPU
-    trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft)
+    trainer = SFTTrainer(model=base, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft,
+                         callbacks=callbacks)
+    quiet_adapter_saves(trainer.model)
     return trainer, examples, skipped
 
 
 def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings | None = None,
             prompt: PromptSettings | None = None, epochs: float = 1.0, learning_rate: float = 2e-4,
-            batch_size: int = 4,
-            lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False, max_length: int = 2048,
-            seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
-            gradient_checkpointing: bool = True, group_by_length: bool = False) -> dict[str, Any]:
+            batch_size: int = 4, lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False,
+            max_length: int = 2048, seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
+            gradient_checkpointing: bool = True, group_by_length: bool = False, grad_accum: int = 1,
+            save_steps: int = 50, resume: bool | None = False, progress: bool = True) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
     a GGUF file or a packaged model's short name included; whole models are saved by
     :func:`agentic_rag.models.save_model`, so a merged GGUF model becomes a plain model directory. ``rollout`` and
-    ``prompt``: the settings the trajectories were made with (defaults when not given), saved with the model."""
+    ``prompt``: the settings the trajectories were made with (defaults when not given), saved with the model.
+
+    The run works in ``OUTPUT_DIR.partial`` and is swapped into place whole at the end. It saves a checkpoint every
+    ``save_steps`` optimizer steps there; a run stopped on the way is continued with ``resume`` (same model, data
+    and settings, checked), and an interrupted run is never started over silently: without ``resume`` it is
+    refused (``resume=None``: continue one if there is one, as the quick start does). ``progress``: one console
+    line per step (step i/N, loss, seconds a step, time left)."""
+    from ..errors import UserError
     from ..models import save_model
     from ..outputs import mark_dir, replace_dir
+    from .progress import ProgressLine
 
     final = Path(output_dir)
     # everything is written beside the output and swapped in whole: an earlier output there stays until then
     partial = final.with_name(final.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)  # an interrupted run's
+    run = {"model": model, "data": str(Path(data).resolve()), "data_sha256": _sha256(data), "epochs": epochs,
+           "learning_rate": learning_rate, "batch_size": batch_size, "grad_accum": grad_accum, "lora_r": lora_r,
+           "lora_alpha": lora_alpha, "full": full, "max_length": max_length, "seed": seed,
+           "group_by_length": group_by_length}
+    checkpoint = _latest_checkpoint(partial)
+    if resume is None:
+        resume = checkpoint is not None
+    if resume:
+        if checkpoint is None:
+            raise UserError(f"--resume: {partial} holds no checkpoint of an interrupted SFT run to continue; run "
+                            f"without --resume")
+        before = json.loads((partial / "sft_run.json").read_text()) if (partial / "sft_run.json").is_file() else {}
+        differ = sorted(k for k in run if before.get(k) != run[k])
+        if differ:
+            raise UserError(f"--resume: the interrupted run in {partial} was made with other settings "
+                            f"({', '.join(differ)} differ); continue it with the same ones, or move {partial} away "
+                            f"to start over")
+    elif checkpoint is not None:
+        raise UserError(f"{partial} holds an interrupted SFT run ({Path(checkpoint).name}): continue it with "
+                        f"--resume, or move {partial} away to start over")
+    elif partial.exists():
+        shutil.rmtree(partial)  # an interrupted run's, without a checkpoint: nothing in it can be continued
     output_dir = str(mark_dir(partial, "sft"))
+    (partial / "sft_run.json").write_text(json.dumps(run, indent=1))
     trainer, examples, skipped = build_sft_trainer(
         model=model, data=data, output_dir=output_dir, rollout=rollout, prompt=prompt, epochs=epochs,
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
         max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
-        gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length)
-    result = trainer.train()
+        gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length, grad_accum=grad_accum,
+        save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None)
+    if checkpoint:
+        log.info("resuming SFT from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    for old in partial.glob("checkpoint-*"):
+        shutil.rmtree(old)  # done: the checkpoints served their purpose, the output is what stays
     if full:
         save_model(trainer.model, output_dir)
     elif merge:
@@ -193,10 +233,31 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     rollout = rollout or RolloutSettings()
     write_settings(output_dir, rollout, resolved_prompt(prompt or PromptSettings(), rollout.dialect,
                                                         trainer.processing_class), written_by="sft")
+    from .train import peak_rss_mb
+
     summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
                "output_dir": str(final), "adapter": not full and not merge, "merged": merge and not full,
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
-                                                                                          for e in examples)}
+                                                                                          for e in examples),
+               "steps": trainer.state.global_step, "resumed_from": checkpoint,
+               "train_runtime_s": result.metrics.get("train_runtime"), "peak_rss_mb": round(peak_rss_mb(), 1)}
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
     replace_dir(partial, final)
     return summary
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _latest_checkpoint(run_dir: Path) -> str | None:
+    """The newest complete TRL checkpoint of an interrupted run (one with its trainer state), or None."""
+    found = [(int(p.name.split("-")[1]), p) for p in run_dir.glob("checkpoint-*")
+             if p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file()]
+    return str(max(found)[1]) if found else None

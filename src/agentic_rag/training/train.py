@@ -285,6 +285,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     from ..search.probe import probe
     from ..tools import SearchTool
     from .monitoring import CollapseGuard, SampleTrajectories, init_swanlab, watch_hint
+    from .progress import ProgressLine, ValidationEval
     from .rewards import build_rewards
     from .trainer import AgenticGRPOTrainer, save_trained_settings
 
@@ -326,6 +327,12 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
         if log_dir else []
     if guard.active:
         callbacks.append(guard)
+    callbacks.append(ProgressLine("grpo"))
+    if cfg.logging.validation_file:
+        callbacks.append(ValidationEval(trainer_ref, cfg.logging.validation_file, cfg.logging.validation_every, out,
+                                        limit=cfg.logging.validation_limit))
+    from .model import quiet_adapter_saves
+
     trainer = AgenticGRPOTrainer(
         model, tokenizer=tokenizer, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
         tools=SearchTool(searcher), settings=cfg.rollout, prompt=cfg.prompt, algorithm=cfg.algorithm.name,
@@ -334,6 +341,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
         max_search_failure_rate=cfg.search.max_failure_rate, search_timeout_s=cfg.search.timeout_s,
         peft_config=peft_config, callbacks=callbacks)
     trainer_ref.append(trainer)
+    quiet_adapter_saves(trainer.model)
 
     if checkpoint:
         log.info("resuming from %s", checkpoint)

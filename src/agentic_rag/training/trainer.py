@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,25 @@ class AgenticGRPOTrainer(GRPOTrainer):
             self._prompt_cache[question] = ids
         return ids
 
+    def greedy_rollouts(self, questions: list[str]) -> list[Trajectory]:
+        """The current policy's greedy rollouts of ``questions`` (the training run's settings, prompt and tools):
+        what evaluation would see of the adapter now. Every process rolls out the same questions (a collective
+        decode under ZeRO-3 needs them all); the model is put back in training mode after."""
+        tok, args = self.processing_class, self.args
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                         gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                a = self.agent
+                policy = HFPolicy(model, tok, SamplingParams(do_sample=False), max_batch_size=a.max_batch_size,
+                                  return_logprobs=False)
+                with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
+                    return engine.run([self._prompt_ids(q) for q in questions], list(questions))
+            finally:
+                model.train(was_training)
+
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
         """TRL's rollout_func: prompts arrive already repeated ``num_generations`` times."""
         tok = self.processing_class
@@ -189,8 +209,16 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                          gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs) as model:
             a = self.agent
             policy = HFPolicy(model, tok, sampling, max_batch_size=a.max_batch_size, processors=a.processors)
+            started = time.perf_counter()
             with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
                 trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
+                searching, waiting = engine.tool_seconds
+        # where a step's time goes (experiments/benchmarks/grpo_step_split.py): the rollout (decoding, and waiting
+        # for searches where no decoding overlapped them), and the searches themselves
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["timing/rollout_s"].append(time.perf_counter() - started)
+        self._metrics[mode]["timing/search_s"].append(searching)
+        self._metrics[mode]["timing/search_wait_s"].append(waiting)
         eos = tok.eos_token_id
         for t in trajs:
             # A trajectory that ended on its own (answer, EOS, or a behavioural limit, turn_token_limit included) is
@@ -278,6 +306,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._log_mixed_groups(rewards)
         if self.agent.shuffle_rewards:
             # The control run: every completion gets the rewards of a random other completion of the batch
             # (all reward functions permuted together). The batch's reward distribution, and so every logged
@@ -293,6 +322,22 @@ class AgenticGRPOTrainer(GRPOTrainer):
             rewards = rewards[torch.randperm(rewards.shape[0], generator=gen).to(rewards.device)]
         self._rewards_per_func = rewards
         return rewards
+
+    def _log_mixed_groups(self, rewards: torch.Tensor) -> None:
+        """``agentic/<name>_mixed_groups``: the share of the batch's question groups whose first accuracy reward
+        (em, f1...) differs among the group's rollouts, before any shuffling. TRL's ``frac_reward_zero_std`` looks at
+        the total reward, where the format reward alone makes a group of all-wrong answers look informative; this is
+        the share of questions the accuracy signal reaches."""
+        from ..rewards.registry import accuracy_names
+
+        acc = next((i for i, n in enumerate(self.reward_func_names) if n in accuracy_names()), None)
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        if acc is None or not g or rewards.shape[0] % g:
+            return
+        grouped = rewards[:, acc].nan_to_num(0.0).view(-1, g)
+        mixed = (grouped.max(dim=1).values != grouped.min(dim=1).values).float().mean()
+        self._metrics["train" if self.model.training else "eval"][
+            f"agentic/{self.reward_func_names[acc]}_mixed_groups"].append(float(mixed))
 
     def _generate_and_score_completions(self, inputs):
         output = self._score_batch(inputs)

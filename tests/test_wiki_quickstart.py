@@ -1,0 +1,72 @@
+"""``quickstart --task wiki`` end to end on a handful of real 2Wiki questions with the tiny model (issue 31).
+
+The real pipeline on the real shared data (corpus merge, BM25 index, splits, gold trajectories, baselines in the
+three evaluation modes, SFT, GRPO with greedy validation every step, its control, ablations), cut to 8 training and
+8 validation questions and 2 GRPO steps. The real model runs the same code (experiments/wiki/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentic_rag.data.wiki import shared_data_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not (shared_data_dir() / "hipporag").is_dir(), reason="needs ../shared/data")
+
+
+def test_wiki_quickstart_end_to_end_small(tmp_path):
+    out = tmp_path / "wiki"
+    cmd = [sys.executable, "-m", "agentic_rag.demo.quickstart", "--task", "wiki", "--tiny", "--questions", "8",
+           "--steps", "2", "--sft-epochs", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    # the world task's keys, and the wiki task's own
+    for key in ("seeds", "em_prompted", "em_before", "em_after", "em_control", "table", "reward_first5_last5",
+                "training_curves", "held_out_questions", "settings", "reward_curve", "swanlab_log_dir",
+                "model", "index", "adapters", "em_multi_hop", "validation_curves", "trajectories"):
+        assert key in summary, key
+    assert summary["held_out_questions"] == 8 and summary["settings"]["grpo_steps"] == 2
+    assert summary["trajectories"]["trajectories"] == 8
+    assert Path(summary["index"], "manifest.json").is_file()
+    adapters = summary["adapters"]
+    assert Path(adapters["sft"], "config.json").is_file()  # the tiny model's SFT is a whole model
+    for key in ("grpo", "control"):
+        assert len(adapters[key]) == 1 and Path(adapters[key][0], "adapter_config.json").is_file()
+    models = [r["model"] for r in summary["table"]]
+    assert models == ["Direct (closed book)", "naive RAG", "prompted agent", "SFT", "SFT + GRPO seed 0",
+                      "control seed 0", "GRPO, search off", "GRPO, random passages"]
+    for r in summary["table"]:
+        assert 0.0 <= r["em"] <= 1.0 and "em_multi_hop" in r
+    # the baselines ran in their modes: no searches closed book or with naive RAG's passages in the prompt
+    direct = json.loads((out / "eval" / "direct" / "summary.json").read_text())
+    naive = json.loads((out / "eval" / "naive_rag" / "summary.json").read_text())
+    assert direct["mode"] == "direct" and naive["mode"] == "naive_rag"
+    assert direct["searches_per_question"] == 0 and naive["searches_per_question"] == 0
+    assert set(direct["by_kind"]) <= {"yes_no", "pick_one", "multi_hop"}
+    # the SFT model sampled on the multi-hop questions (eval --samples)
+    sampled = summary["sft_sampled_two_hop"]
+    assert sampled["n"] == 4 and 0.0 <= sampled["mixed_share"] <= 1.0
+    # greedy validation at the start and after every validation_every steps, in the log and the run's file
+    run = out / "runs" / "seed0-grpo"
+    curve = summary["validation_curves"]["GRPO seed 0"]
+    assert [v["step"] for v in curve][0] == 0 and curve[-1]["step"] == 2
+    assert all(0.0 <= v["eval/em"] <= 1.0 for v in curve)
+    log = (run / "train.log").read_text()
+    assert "[grpo] step 1/2" in log and "[grpo] step 2/2" in log and "left" in log
+    assert "[validation] step 2" in log
+    # a console line per SFT step
+    assert "[sft] step 1/" in proc.stdout
+    assert "Unable to fetch remote file" not in proc.stdout + proc.stderr + log
+    # a second run finds every step done
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
+    assert "steps in" not in again.stdout
