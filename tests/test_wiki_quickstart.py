@@ -62,8 +62,8 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
     log = (run / "train.log").read_text()
     assert "[grpo] step 1/2" in log and "[grpo] step 2/2" in log and "left" in log
     assert "[validation] step 2" in log
-    # a console line per SFT step
-    assert "[sft] step 1/" in proc.stdout
+    # a console line per SFT step (progress lines go to stderr)
+    assert "[sft] step 1/" in proc.stdout + proc.stderr
     assert "Unable to fetch remote file" not in proc.stdout + proc.stderr + log
     # a second run finds every step done
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
