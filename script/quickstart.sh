@@ -6,9 +6,11 @@
 # warm-starts it with SFT, trains it with GRPO (searching mid-rollout) and a shuffled-reward control for each
 # seed, evaluates on held-out questions, and prints the table. Writes summary.json, reward_curve.png and SwanLab
 # logs under DIR (default outputs/quickstart). See agentic_rag/demo/quickstart.py.
+#   bash script/quickstart.sh --task wiki [--seeds N] [--questions N] [--hotpotqa] [--tiny]
+# the same on real 2WikiMultiHopQA questions over a Wikipedia corpus from ../shared/data (agentic_rag/demo/wiki.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-case "${1:-}" in -h|--help) sed -n '2,8p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,10p' "$0"; exit 0 ;; esac
 bash "$ROOT/script/setup.sh"
 source "$ROOT/script/_common.sh"
 cd "$ROOT"

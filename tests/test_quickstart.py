@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -89,9 +90,19 @@ def test_shuffled_rewards_keep_the_batch_distribution_and_lose_the_pairing(monke
         t.args = type("Args", (), {"seed": seed})()
         t.state = type("State", (), {"global_step": 0})()
         t._shuffle_step, t._shuffle_calls = -1, 0
+        t.reward_func_names = ["em", "format"]  # the mixed-group metric reads the first accuracy reward
+        t.num_generations, t.num_generations_eval = 4, 4
+        t.model = type("M", (), {"training": True})()
+        t._metrics = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
         return t
 
-    assert torch.equal(trainer(False, 0)._calculate_rewards(None, [], [], []), rewards)
+    plain = trainer(False, 0)
+    assert torch.equal(plain._calculate_rewards(None, [], [], []), rewards)
+    # the mixed-group share is logged before any shuffling: every group of 4 has differing em rewards here
+    assert plain._metrics["train"]["agentic/em_mixed_groups"] == [1.0]
+    mixed_then_not = [[1.0, 0.2], [1.0, 0.2], [0.0, 0.2], [1.0, 0.2]] + [[0.0, 0.2]] * 3 + [[0.0, 0.0]]
+    plain._log_mixed_groups(torch.tensor(mixed_then_not))
+    assert plain._metrics["train"]["agentic/em_mixed_groups"][-1] == 0.5  # format differs, em does not: not mixed
     t = trainer(True, 0)
     first, second = (t._calculate_rewards(None, [], [], []) for _ in range(2))
     for out in (first, second):

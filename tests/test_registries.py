@@ -25,6 +25,8 @@ ALGORITHMS_MODULE = Path("training/algorithms.py")
 NOT_PRESETS = {
     (Path("training/trainer.py"), "grpo"): "save_trained_settings: written_by, the kind of training (grpo or sft)",
     (Path("demo/quickstart.py"), "grpo"): "the quick start's run label (grpo or control)",
+    (Path("demo/wiki.py"), "grpo"): "the wiki quick start's run label and summary key (adapters: sft, grpo, control)",
+    (Path("training/train.py"), "grpo"): "the progress line's tag ([grpo] step i/N; [sft] for SFT)",
 }
 
 

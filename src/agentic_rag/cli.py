@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .malloc import release_freed_memory
+
+    release_freed_memory()  # freed activations go back to the system (see agentic_rag.malloc)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["serve"]:  # its flags are generated from its settings: its own parser reads them all
         from .serving.server import main as serve

@@ -37,7 +37,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,10 +170,10 @@ def task_texts(world) -> list[str]:
     return texts
 
 
-def build_model(s: Settings) -> str:
+def prepare_model(s: Settings, texts: Callable[[], list[str]], seed: int) -> str:
     """The real model: resolved (a clear error with the install command when it is missing). ``--tiny``: its
-    tokenizer (trained on everything the task will show the model) and the randomly initialised model."""
-    from ..data.world import generate_world
+    tokenizer (trained on ``texts()``, everything the task will show the model) and the randomly initialised
+    model, made once under ``OUT/init``."""
     from .tiny import build_word_tokenizer, init_tiny_model
 
     if not s.tiny:
@@ -184,8 +184,14 @@ def build_model(s: Settings) -> str:
     init = s.out / "init"
     if _done(init / "config.json"):
         return str(init)
-    tok = build_word_tokenizer(task_texts(generate_world(s.world_seed)), s.out / "tokenizer")
-    return str(init_tiny_model(tok, init, seed=s.world_seed))
+    tok = build_word_tokenizer(texts(), s.out / "tokenizer")
+    return str(init_tiny_model(tok, init, seed=seed))
+
+
+def build_model(s: Settings) -> str:
+    from ..data.world import generate_world
+
+    return prepare_model(s, lambda: task_texts(generate_world(s.world_seed)), s.world_seed)
 
 
 def prompt_builder(tokenizer, s: Settings):
@@ -493,6 +499,9 @@ def run(s: Settings) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # SFT and evaluation run in this process (see agentic_rag.malloc)
     ap = Parser(prog="quickstart", description="The quick start (see the module docstring).")
     ap.add_argument("--task", choices=("world", "wiki"), default="world",
                     help="world (default): the embedded fictional world; wiki: 2WikiMultiHopQA questions over a "

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .quickstart import CONFIGS, JVM_HEAP, SYSTEM_PROMPT, Settings, _done, _step, models_of, train_run
+from .quickstart import CONFIGS, JVM_HEAP, SYSTEM_PROMPT, Settings, _done, _step, models_of, prepare_model, train_run
 from .report import _mean, dashboard, plot, reward_curve, row, training_curves
 
 WIKI_CONFIG = CONFIGS / "wiki_grpo_smollm2.yaml"
@@ -139,18 +139,7 @@ def task_texts(s: WikiSettings) -> list[str]:
 
 
 def build_model(s: WikiSettings) -> str:
-    from .tiny import build_word_tokenizer, init_tiny_model
-
-    if not s.tiny:
-        from ..models import resolve_model
-
-        resolve_model(s.model)
-        return s.model
-    init = s.out / "init"
-    if _done(init / "config.json"):
-        return str(init)
-    tok = build_word_tokenizer(task_texts(s), s.out / "tokenizer")
-    return str(init_tiny_model(tok, init, seed=0))
+    return prepare_model(s, lambda: task_texts(s), 0)
 
 
 def trajectories(s: WikiSettings, init: str) -> dict[str, Any]:
@@ -185,7 +174,9 @@ def sft(s: WikiSettings, init: str) -> Path:
         return out
     common = dict(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
                   prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, seed=0, resume=None,
-                  gradient_checkpointing=False, save_steps=10, progress=True)
+                  gradient_checkpointing=not s.tiny, save_steps=10, progress=True)
+    # the real model at batch 8 of ~600-token trajectories peaks at 2.0 GB with checkpointing, 8.2 GB without
+    # (experiments/benchmarks/sft_memory.py, with agentic_rag.malloc's allocator setting)
     if s.tiny:
         summary = run_sft(full=True, batch_size=16, logging_steps=1, **common)
     else:

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None,
          prog: str = "agentic-rag serve") -> int:
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # replies' activations go back to the system (see agentic_rag.malloc)
     parser, dests = build_parser(prog)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.log_level)

@@ -370,6 +370,9 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # each launched process: freed activations go back to the system
     ap = Parser(prog="agentic-rag train", description="Train a search agent with GRPO (see the module docstring).")
     ap.add_argument("--config", default=None, help="experiment YAML (experiments/training/*.yaml)")
     ap.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")

@@ -1,0 +1,63 @@
+"""Peak memory and CPU time of `agentic-rag sft`, glibc's default allocator settings against agentic_rag.malloc's.
+
+    python experiments/benchmarks/sft_memory.py --data TRAJ.jsonl [--batch-size 8] [--no-gradient-checkpointing]
+
+Runs the same SFT (the packaged SmolLM2-135M-Instruct, LoRA r 16, one epoch of DATA) twice, one after the other:
+with ``AGENTIC_RAG_MALLOC=default`` (glibc's dynamic mmap threshold) and with the fixed 1 MiB threshold the entry
+points set. Each run's peak RSS and user/system CPU seconds come from ``os.wait4`` on that child alone. Make DATA
+with ``agentic-rag trajectories`` (e.g. the longest trajectories of the wiki quick start's ``sft_data.jsonl``; its
+``.settings.json`` must lie beside it). Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_sft(data: str, batch_size: int, gc: bool, malloc: str) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="sft_memory_")) / "sft"
+    cmd = [sys.executable, "-m", "agentic_rag.cli", "sft", "--model", "smollm2-135m-instruct", "--data", data,
+           "--out", str(out), "--epochs", "1", "--lr", "5e-4", "--lora-r", "16", "--lora-alpha", "32",
+           "--save-steps", "0", "--batch-size", str(batch_size),
+           "--gradient-checkpointing" if gc else "--no-gradient-checkpointing"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["AGENTIC_RAG_MALLOC"] = malloc
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    shutil.rmtree(out.parent, ignore_errors=True)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"sft failed ({malloc}):\n{output[-3000:]}")
+    return {"peak_rss_gib": round(usage.ru_maxrss / 2**20, 2), "user_s": round(usage.ru_utime, 1),
+            "sys_s": round(usage.ru_stime, 1), "wall_s": round(wall, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="token-level trajectories (agentic-rag trajectories output)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--no-gradient-checkpointing", dest="gc", action="store_false")
+    args = ap.parse_args()
+    runs = {}
+    for malloc in ("default", "on"):
+        runs[malloc] = run_sft(args.data, args.batch_size, args.gc, malloc)
+        print(malloc, runs[malloc], flush=True)
+    d, o = runs["default"], runs["on"]
+    print(json.dumps({"data": args.data, "batch_size": args.batch_size, "gradient_checkpointing": args.gc,
+                      "glibc_default": d, "fixed_threshold": o,
+                      "peak_rss_ratio": round(o["peak_rss_gib"] / d["peak_rss_gib"], 3),
+                      "cpu_s_ratio": round((o["user_s"] + o["sys_s"]) / (d["user_s"] + d["sys_s"]), 3)}))
+
+
+if __name__ == "__main__":
+    main()
