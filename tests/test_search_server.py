@@ -609,3 +609,28 @@ def test_sigterm_cuts_off_what_the_grace_period_cannot_finish_with_a_json_503(sl
     assert answers == [(503, "application/json", {"detail": "server shutting down"})] * 4, answers
     assert rc == 0 and took < 1 + 8, (rc, took, output)
     assert "4 request(s) were in flight, 0 finished, 4 cut off" in output, output
+
+
+def _ping_then_die(conn) -> None:
+    conn.recv()  # the supervisor's ping
+    os._exit(3)  # gone before answering it, as a worker that could not open its searcher is
+
+
+def test_the_health_check_stops_waiting_for_a_worker_that_died():
+    """uvicorn's health check waited the whole start-up allowance (600 s) for a worker that exited between the ping and
+    its answer (the supervisor holds the worker's end of the pipe, so no end-of-file arrives): the server whose
+    workers could not start then hung instead of exiting with the reason."""
+    import types
+
+    from agentic_rag.search.server import healthcheck_while_alive
+
+    ctx = multiprocessing.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe()
+    child = ctx.Process(target=_ping_then_die, args=(child_conn,))
+    child.start()
+    worker = types.SimpleNamespace(parent_conn=parent_conn, child_conn=child_conn, process=child)
+    started = time.monotonic()
+    assert healthcheck_while_alive(worker, 600) is None
+    assert time.monotonic() - started < 60
+    child.join()
+    assert child.exitcode == 3

@@ -41,6 +41,7 @@ import queue
 import socket
 import threading
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -466,6 +467,31 @@ class _Supervisor(Multiprocess):
         for sock in self.sockets:
             sock.close()
         super().terminate_all()
+
+    def keep_subprocess_alive(self) -> None:
+        for process in self.processes:  # restarted workers are new objects: wrap each before its health check
+            process._healthcheck = types.MethodType(healthcheck_while_alive, process)
+        super().keep_subprocess_alive()
+
+
+def healthcheck_while_alive(process: Any, timeout: float) -> bool | None:
+    """uvicorn's worker health check (``Process._healthcheck``: ping, then the worker's started flag, or None when it
+    does not answer within ``timeout``), except that it stops waiting once the worker has died. uvicorn waits on the
+    pipe for the whole timeout (here WORKER_STARTUP_S, 600 s) and the supervisor keeps the worker's end of the pipe
+    open, so a worker that exits between the ping and its answer (one that could not open its searcher does so at
+    once) held the supervisor, and a user's Ctrl-C, for ten minutes. Waits in half-second slices instead."""
+    import pickle
+
+    try:
+        process.parent_conn.send(b"ping")
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.parent_conn.poll(max(0.0, min(0.5, deadline - time.monotonic()))):
+                return process.parent_conn.recv()
+            if not process.process.is_alive() or time.monotonic() >= deadline:
+                return None
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
 
 
 def app_from_environment() -> FastAPI:
