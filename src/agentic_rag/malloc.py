@@ -11,8 +11,8 @@ at 1 MiB, for 24% more CPU time (mostly system time: mapping and unmapping) and 
 checkpointing (`/usr/bin/time -v`, one run each): 13.7 GB and 8.2 GB.
 
 :func:`release_freed_memory` fixes the threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the dynamic
-adjustment off) for the calling process. The entry points call it first thing (``agentic-rag``, the training
-launcher's processes, the quick start). It does nothing where glibc is not the allocator, when
+adjustment off) for the calling process. The entry points call it first thing (``agentic-rag``, the chat server,
+the training launcher's processes, the quick start). It does nothing where glibc is not the allocator, when
 ``MALLOC_MMAP_THRESHOLD_`` is set (your own setting wins), or with ``AGENTIC_RAG_MALLOC=default``.
 """
 
