@@ -558,11 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         ws = WikiSettings.for_tiny(**kw) if args.tiny else WikiSettings(model=args.model, **kw)
         if args.sft_epochs is not None:
             ws.sft_epochs = args.sft_epochs
-        started = time.perf_counter()
-        status = guarded("quickstart", lambda: bool(run_wiki(ws)) and 0)
-        if status == 0:
-            print(f"quick start (wiki) finished in {(time.perf_counter() - started) / 60:.1f} min")
-        return status
+        return _timed("quick start (wiki)", lambda: run_wiki(ws))
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs
@@ -574,10 +570,15 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 <= args.two_hop_correct <= 1.0:
             ap.error(f"--two-hop-correct must be between 0 and 1, got {args.two_hop_correct}")
         s.two_hop_correct = args.two_hop_correct
+    return _timed("quick start", lambda: run(s))
+
+
+def _timed(what: str, job: Callable[[], Any]) -> int:
+    """Run the quick start behind the command line's error boundary; on success say how long it took."""
     started = time.perf_counter()
-    status = guarded("quickstart", lambda: bool(run(s)) and 0)
+    status = guarded("quickstart", lambda: bool(job()) and 0)
     if status == 0:
-        print(f"quick start finished in {(time.perf_counter() - started) / 60:.1f} min")
+        print(f"{what} finished in {(time.perf_counter() - started) / 60:.1f} min")
     return status
 
 
