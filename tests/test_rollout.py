@@ -768,6 +768,66 @@ def test_sample_categorical_draws_the_distribution_and_never_a_zero_probability_
     assert sample_categorical(one_hot, block=4).tolist() == [0, 3, 4, 12, 7]
 
 
+def test_reserved_cache_decodes_what_hf_dynamic_cache_decodes(qwen_tokenizer, monkeypatch):
+    """The decoder's cache appends in place into reserved room (rollout/kv_cache.py) instead of Hugging Face's
+    torch.cat of the whole cache at every step. With no room (HF's DynamicLayer), with 3 entries of room (the buffer
+    moves at almost every step) and with the default, the same scripted rollouts (searches mid-turn, rows fed
+    apart, compaction) decode the same tokens with the same log-probabilities; and within its room a step writes
+    into the same buffer."""
+    from transformers import Qwen2ForCausalLM
+    from transformers.cache_utils import DynamicLayer
+
+    from agentic_rag.rollout import decoding, kv_cache
+    from conftest import tiny_qwen_config
+
+    config = tiny_qwen_config(len(qwen_tokenizer))
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    tok = qwen_tokenizer
+    scripts = {"Searches twice?": ["<think>" + "x " * 30 + "</think><search>alpha</search>", "<search>beta</search>",
+                                   "<answer>a</answer>"],
+               "Answers at once?": ["<answer>now</answer>"],
+               "Searches once?": ["<search>gamma</search>", "<answer>g</answer>"]}
+    real = kv_cache.reserve_room
+    layer_types, moves = [], []
+
+    def run(room: int | None):
+        def reserve(cache, _default):
+            if room is not None:
+                real(cache, room)
+            layer_types.append({type(layer) for layer in cache.layers})
+        monkeypatch.setattr(decoding, "reserve_room", reserve)
+        engine = AgentRollout(ForcedHFPolicy(model, tok, scripts), tok, FakeSearcher(),
+                              settings=RolloutSettings(passages_per_search=2, max_tokens_per_turn=256))
+        return engine.run(prompts(tok, list(scripts)), list(scripts))
+
+    dynamic = run(None)
+    assert layer_types[-1] == {DynamicLayer}
+    for room in (3, kv_cache.RESERVE):
+        trajs = run(room)
+        assert layer_types[-1] == {kv_cache.ReservedLayer}
+        for a, b in zip(dynamic, trajs, strict=True):
+            assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+    # in place: appends within the room keep the buffer; past it the buffer moves, and the view is the same values
+    layer = kv_cache.ReservedLayer(reserve=4)
+    plain = DynamicLayer()
+    for n in (5, 1, 1, 1, 1, 1, 2):
+        k, v = torch.randn(2, 3, n, 8), torch.randn(2, 3, n, 8)
+        before = layer._k.data_ptr() if layer._k is not None else None
+        layer.update(k, v)
+        plain.update(k, v)
+        moves.append(before != layer._k.data_ptr())
+        assert torch.equal(layer.keys, plain.keys) and torch.equal(layer.values, plain.values)
+    assert moves == [True, False, False, False, False, True, False]
+    layer.batch_select_indices(torch.tensor([1]))  # an assignment: the buffer is what was assigned
+    plain.batch_select_indices(torch.tensor([1]))
+    layer.update(k[:1], v[:1])
+    plain.update(k[:1], v[:1])
+    assert torch.equal(layer.keys, plain.keys) and layer.get_seq_length() == plain.get_seq_length() == 14
+
+
 def test_cache_surgery_keeps_every_logprob_exact(qwen_tokenizer, monkeypatch):
     """Observations fed apart from the rows that keep decoding (their cache sliced out, extended and merged
     back) and the timeline compacted by moving cache entries: both must leave every token's log-probability

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from .kv_cache import RESERVE, ReservedLayer, reserve_room
+
 STOP_EOS = "eos"
 STOP_LENGTH = "length"
 
@@ -121,7 +123,7 @@ class Row:
 class DecodeSession:
     def __init__(self, model, tokenizer, *, stop_strings: Sequence[str], eos_ids: set[int], pad_id: int,
                  sampling: SamplingParams, return_logprobs: bool = True, processors: Sequence[Processor] = (),
-                 compact_slack: int = 256):
+                 compact_slack: int = 256, reserve: int = RESERVE):
         self.model, self.tokenizer = model, tokenizer
         self.stop_strings = list(stop_strings)
         self.eos_ids, self.pad_id = set(eos_ids), pad_id
@@ -129,6 +131,7 @@ class DecodeSession:
         self.return_logprobs = return_logprobs
         self.processors = list(processors)
         self.compact_slack = compact_slack
+        self.reserve = reserve  # cache entries of room per layer (kv_cache.ReservedLayer); 0: HF's DynamicLayer
         self.device = next(model.parameters()).device
         self.rows: dict[int, Row] = {}
         self._order: list[int] = []  # row ids in cache batch order
@@ -204,6 +207,8 @@ class DecodeSession:
                              position_ids=positions.to(self.device), past_key_values=self._cache, use_cache=True,
                              logits_to_keep=1)
         self._cache, self._mask = out.past_key_values, mask
+        if self.reserve:
+            reserve_room(self._cache, self.reserve)  # appends in place from now on (kv_cache.py)
         self.steps += 1
         self.forward_tokens += n * width
         sampling = [b for b, r in enumerate(live) if r.generating and new_mask[b].any()]
@@ -354,7 +359,8 @@ class DecodeSession:
         from transformers.cache_utils import DynamicLayer
 
         layers = getattr(self._cache, "layers", None)
-        return bool(layers) and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+        return bool(layers) and all(type(layer) in (DynamicLayer, ReservedLayer) and layer.keys is not None
+                                    for layer in layers)
 
     def _maybe_compact(self) -> None:
         """Keep the cache's timeline close to the longest row's valid content. Padding blocks, released
