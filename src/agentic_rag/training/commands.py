@@ -51,7 +51,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha, full=args.full,
                       merge=args.merge, max_length=args.max_length, seed=args.seed,
                       gradient_checkpointing=args.gradient_checkpointing, group_by_length=args.group_by_length,
-                      grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume)
+                      grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume,
+                      cpu_autocast=args.cpu_autocast)
     print(json.dumps(summary))
     return 0
 
@@ -92,6 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="micro-batches of --batch-size per optimizer step (the same step in less memory)")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute activations in the backward pass: far less memory, about a third slower")
+    p.add_argument("--cpu-autocast", choices=("auto", "bf16", "none"), default="none",
+                   help="on a CPU: none (default: fp32, the same numbers on every CPU), bf16 (torch.autocast; the "
+                        "weights stay fp32), or auto (bf16 where the CPU computes it natively: AVX512-BF16 or AMX)")
     p.add_argument("--group-by-length", action="store_true",
                    help="batch trajectories of similar length (faster; long trajectories then weigh less)")
     p.add_argument("--save-steps", type=non_negative_int, default=50,

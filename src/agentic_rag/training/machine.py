@@ -1,4 +1,5 @@
-"""What this machine has for a training run: the GPU's memory and the RAM available, in GiB.
+"""What this machine has for a training run: the GPU's memory and the RAM available, in GiB, and whether its CPU
+computes bfloat16 natively.
 
 Why a module of its own: these are probes of the machine (torch, psutil, an environment variable), not part of
 the estimate (:mod:`.memory`) or its advice (:mod:`.memory_advice`), which stay pure functions of a model and a
@@ -31,3 +32,27 @@ def gpu_memory_gb(device: int = 0) -> float | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(device).total_memory / GiB
+
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 dot products
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX-BF16, read from
+    ``/proc/cpuinfo``; ``cpuinfo`` gives its text instead). Elsewhere oneDNN emulates bf16, slower than fp32."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def cpu_bf16(setting: str) -> bool:
+    """Resolve a ``cpu_autocast`` setting (``auto``, ``bf16``, ``none``) to whether a CPU run computes its forward
+    and backward passes in bfloat16 (``torch.autocast``): ``auto`` where the CPU has it natively."""
+    if setting == "auto":
+        return cpu_has_native_bf16()
+    return setting == "bf16"

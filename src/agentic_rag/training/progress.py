@@ -14,7 +14,8 @@ and at the end (:meth:`~agentic_rag.training.trainer.AgenticGRPOTrainer.greedy_r
 prompt and searcher), scores exact match and F1, overall and per question kind when the file says it
 (``kind``: yes_no, pick_one, multi_hop), and logs them as ``eval/em``, ``eval/f1``, ``eval/em_<kind>``,
 ``eval/searches``: into the trainer's metrics (so they reach its log history and SwanLab with the step's other
-numbers), a console line, and ``OUTPUT_DIR/validation.jsonl``. RL runs on small models often peak early and then
+numbers), a console line, and ``OUTPUT_DIR/validation.jsonl``; each question's answer, queries and EM go to
+``OUTPUT_DIR/validation/step<N>.jsonl``. RL runs on small models often peak early and then
 collapse; this is how a run shows where.
 """
 
@@ -98,11 +99,12 @@ def score(trajs: list[Any], rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 class ValidationEval(TrainerCallback):
-    """Greedy validation every ``every`` optimizer steps and at the end (see the module docstring)."""
+    """Greedy validation every ``every`` optimizer steps and at the end, and before the first step unless
+    ``at_start`` is false (see the module docstring)."""
 
     def __init__(self, trainer_ref: list, path: str | Path, every: int, output_dir: str | Path,
-                 limit: int | None = None, stream: Any = None):
-        self.trainer_ref, self.every = trainer_ref, every
+                 limit: int | None = None, stream: Any = None, at_start: bool = True):
+        self.trainer_ref, self.every, self.at_start = trainer_ref, every, at_start
         self.rows = read_validation(path, limit)
         self.out = Path(output_dir) / "validation.jsonl"
         self.stream = stream
@@ -123,7 +125,24 @@ class ValidationEval(TrainerCallback):
                   file=self.stream or sys.stderr, flush=True)
             with open(self.out, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": state.global_step, **metrics, "seconds": round(seconds, 1)}) + "\n")
+            self._write_answers(state.global_step, trajs)
         return metrics
+
+    def _write_answers(self, step: int, trajs: list[Any]) -> None:
+        """Each question's greedy answer, queries and EM at this step (``OUTPUT_DIR/validation/step<N>.jsonl``):
+        what changed between two points of the curve, question by question."""
+        from ..rewards.accuracy import exact_match
+
+        folder = self.out.parent / "validation"
+        folder.mkdir(exist_ok=True)
+        lines = []
+        for t, r in zip(trajs, self.rows, strict=True):
+            queries = [q for e in t.events if e.get("type") == "search" for q in e.get("queries", [])]
+            lines.append(json.dumps({"question": r["question"], "kind": r["kind"], "gold": r["answers"],
+                                     "answer": t.answer, "queries": queries, "finish_reason": t.finish_reason,
+                                     "em": exact_match(t.answer, r["answers"]) if t.answer is not None else 0.0},
+                                    ensure_ascii=False) + "\n")
+        (folder / f"step{step}.jsonl").write_text("".join(lines), encoding="utf-8")
 
     def on_step_end(self, args, state, control, **kwargs):
         # before the step is logged: the numbers join the step's log entry (log history, SwanLab)
@@ -134,6 +153,6 @@ class ValidationEval(TrainerCallback):
                 trainer._metrics["train"][key].append(value)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.global_step == 0:  # the starting point of the curve (the SFT model, say)
+        if state.global_step == 0 and self.at_start:  # the starting point of the curve (the SFT model, say)
             metrics = self._run(state)
             self.start = metrics

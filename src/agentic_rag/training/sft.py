@@ -116,14 +116,17 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
                       seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
                       base_model: Any = None, tokenizer: Any = None, gradient_checkpointing: bool = True,
                       group_by_length: bool = False, grad_accum: int = 1, save_steps: int = 0,
-                      callbacks: list | None = None):
+                      callbacks: list | None = None, cpu_autocast: str = "none"):
     """TRL's SFTTrainer on the trajectories of ``data`` (see :func:`run_sft`); returns ``(trainer, examples,
     skipped)``. The dataset carries ``completion_mask``; with ``completion_only_loss`` TRL turns it into labels
     that are -100 on the prompt and on every environment token. ``base_model`` and ``tokenizer``: ``model``
     already loaded (:func:`agentic_rag.training.model.load_base_model`, :func:`agentic_rag.models.load_tokenizer`),
     for a caller that has them (a test, a notebook); with LoRA the adapter is put on ``base_model`` in place.
-    ``gradient_checkpointing`` (TRL's default: on) trades a third more compute for activation memory; a small
-    model on a CPU is faster without it. ``group_by_length`` batches trajectories of similar length together
+    ``gradient_checkpointing`` (TRL's default: on) trades a third more compute for activation memory.
+    ``cpu_autocast`` (``auto``, ``bf16``, ``none``; :func:`agentic_rag.training.machine.cpu_bf16`): on a CPU, the
+    forward and backward passes in bfloat16 under ``torch.autocast`` (``auto``: where the CPU has it natively;
+    default ``none``: fp32, the same numbers on every CPU).
+    ``group_by_length`` batches trajectories of similar length together
     (transformers' length-grouped sampler), so a batch of one-search answers is not padded to a three-search
     trajectory's length. It changes what is learned, not only the speed: the loss is a mean over each batch's
     trained tokens and every batch weighs the same, so batched by length a long trajectory's tokens weigh less
@@ -136,6 +139,7 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
 
     from ..models import load_tokenizer
     from .config import ModelConfig
+    from .machine import cpu_bf16
     from .model import compact_lm_head_scoring, load_base_model, lora_config, quiet_adapter_saves
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, padding_side="right")
@@ -152,7 +156,8 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
                      seed=seed, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
                      save_total_limit=2, gradient_accumulation_steps=grad_accum, logging_steps=logging_steps,
                      report_to=report_to or [],
-                     use_cpu=not torch.cuda.is_available(), bf16=False,
+                     use_cpu=not torch.cuda.is_available(),
+                     bf16=not torch.cuda.is_available() and cpu_bf16(cpu_autocast),
                      activation_checkpointing=gradient_checkpointing,  # transformers 5 name (gradient_ deprecated)
                      train_sampling_strategy="group_by_length" if group_by_length else "random")
     compact_lm_head_scoring()  # on a CPU, project only the trained (labelled) positions, as on a GPU
@@ -167,7 +172,8 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
             batch_size: int = 4, lora_r: int = 16, lora_alpha: int = 32, full: bool = False, merge: bool = False,
             max_length: int = 2048, seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
             gradient_checkpointing: bool = True, group_by_length: bool = False, grad_accum: int = 1,
-            save_steps: int = 50, resume: bool | None = False, progress: bool = True) -> dict[str, Any]:
+            save_steps: int = 50, resume: bool | None = False, progress: bool = True,
+            cpu_autocast: str = "none") -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
@@ -191,7 +197,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     run = {"model": model, "data": str(Path(data).resolve()), "data_sha256": _sha256(data), "epochs": epochs,
            "learning_rate": learning_rate, "batch_size": batch_size, "grad_accum": grad_accum, "lora_r": lora_r,
            "lora_alpha": lora_alpha, "full": full, "max_length": max_length, "seed": seed,
-           "group_by_length": group_by_length}
+           "group_by_length": group_by_length, "cpu_autocast": cpu_autocast}
     checkpoint = _latest_checkpoint(partial)
     if resume is None:
         resume = checkpoint is not None
@@ -217,7 +223,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
         learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
         max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
         gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length, grad_accum=grad_accum,
-        save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None)
+        save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None, cpu_autocast=cpu_autocast)
     if checkpoint:
         log.info("resuming SFT from %s", checkpoint)
     result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -68,9 +68,13 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
     from .algorithms import algorithm_args
 
     a = cfg.algorithm
+    from .machine import cpu_bf16
+
     bf16 = False
     if not use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         bf16 = cfg.model.quantization == "nf4" or cfg.model.dtype in ("auto", "bfloat16")
+    elif use_cpu:
+        bf16 = cpu_bf16(cfg.model.cpu_autocast)  # autocast on the CPU: the fp32 weights stay as they are
     kwargs: dict[str, Any] = dict(
         output_dir=cfg.checkpoint.output_dir, seed=cfg.seed, data_seed=cfg.seed,
         learning_rate=a.learning_rate, max_steps=a.max_steps, warmup_steps=a.warmup_ratio,
@@ -330,7 +334,8 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     callbacks.append(ProgressLine("grpo"))
     if cfg.logging.validation_file:
         callbacks.append(ValidationEval(trainer_ref, cfg.logging.validation_file, cfg.logging.validation_every, out,
-                                        limit=cfg.logging.validation_limit))
+                                        limit=cfg.logging.validation_limit,
+                                        at_start=cfg.logging.validation_at_start))
     from .model import quiet_adapter_saves
 
     trainer = AgenticGRPOTrainer(
