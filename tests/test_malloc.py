@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from agentic_rag.malloc import release_freed_memory
+from agentic_rag.malloc import HUGE_PAGES_TUNABLE, child_env, release_freed_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A step's pattern: one large buffer freed (glibc's dynamic threshold rises to its size), then many activation-sized
 # tensors held together and freed. Prints the resident memory left after the free, in MiB.
@@ -44,3 +46,43 @@ def test_the_users_own_allocator_settings_win(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     monkeypatch.setenv("AGENTIC_RAG_MALLOC", "default")
     assert release_freed_memory() is False
+
+
+# Fresh 32 MiB blocks, each mapped, touched and unmapped (the fixed threshold's pattern); prints the minor page faults.
+FAULTS = """
+import resource, torch
+from agentic_rag.malloc import release_freed_memory
+assert release_freed_memory()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    x = torch.empty(8 << 20); x.fill_(1.0); del x
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _thp_off() -> bool:
+    try:
+        return "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_off(), reason="glibc and transparent huge pages")
+def test_the_scripts_map_large_blocks_on_huge_pages():
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "AGENTIC_RAG_MALLOC")}
+    exported = subprocess.run(["bash", "-c", f"source {ROOT}/script/_common.sh; echo $GLIBC_TUNABLES"],
+                              capture_output=True, text=True, check=True, env=environ).stdout.strip()
+    assert exported == HUGE_PAGES_TUNABLE and child_env(environ)["GLIBC_TUNABLES"] == exported
+
+    def faults(env: dict[str, str]) -> int:
+        out = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True, env=env)
+        return int(out.stdout.split()[-1])
+
+    small, huge = faults(environ), faults(child_env(environ))
+    # 50 x 8,192 pages of 4 KiB against 50 x 16 huge pages (and the pages a 2 MiB boundary leaves small)
+    assert small > 300_000 and huge < small / 4, (small, huge)
+
+
+def test_the_users_own_tunables_win():
+    assert child_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    assert "GLIBC_TUNABLES" not in child_env({"AGENTIC_RAG_MALLOC": "default"})

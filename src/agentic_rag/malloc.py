@@ -10,6 +10,15 @@ experiments/benchmarks/sft_memory.py): peak RSS 5.97 GiB with glibc's defaults, 
 at 1 MiB, for 24% more CPU time (mostly system time: mapping and unmapping) and 3% more wall time. Without gradient
 checkpointing (`/usr/bin/time -v`, one run each): 13.7 GB and 8.2 GB.
 
+Mapping a fresh block costs a page fault per 4 KiB page (7,680 for a 30 MiB block): with the fixed threshold a
+process spends a third of its CPU time in the kernel (an SFT step of the wiki quick start: 14 of every 40 CPU
+seconds). glibc 2.35 and newer can ask for transparent huge pages on the blocks it maps (the tunable
+``glibc.malloc.hugetlb=1``, read from ``GLIBC_TUNABLES`` when the process starts, so it cannot be set from
+Python): then such a block costs 15 faults. The scripts in ``script/`` export it (``script/_common.sh``), and
+:func:`child_env` gives it to the training processes the quick start starts; measured side by side in
+``experiments/benchmarks/sft_memory.py``. It does nothing where transparent huge pages are off
+(``/sys/kernel/mm/transparent_hugepage/enabled`` says ``never``) or glibc is older.
+
 :func:`release_freed_memory` fixes the threshold (``mallopt(M_MMAP_THRESHOLD)``, which also turns the dynamic
 adjustment off) for the calling process. The entry points call it first thing (``agentic-rag``, the chat server,
 the training launcher's processes, the quick start). It does nothing where glibc is not the allocator, when
@@ -40,3 +49,14 @@ def release_freed_memory(threshold: int = DEFAULT_THRESHOLD) -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):
         return False
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process with glibc's huge-page tunable added (see the module docstring), unless
+    ``GLIBC_TUNABLES`` is set already (your own tunables win) or ``AGENTIC_RAG_MALLOC=default``."""
+    if "GLIBC_TUNABLES" in env or env.get("AGENTIC_RAG_MALLOC", "").lower() == "default":
+        return env
+    return {**env, "GLIBC_TUNABLES": HUGE_PAGES_TUNABLE}
