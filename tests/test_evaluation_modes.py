@@ -173,8 +173,10 @@ def test_naive_rag_puts_the_questions_top_passages_in_the_prompt_and_never_searc
     recs = records(tmp_path / "run")
     for i, (row, rec) in enumerate(zip(rows, recs, strict=True)):
         hits = bm25.search(row["question"], 2)
-        message = f"{row['question']}\n\nPassages:\n{dialect.format_passages(hits)}"
-        assert message == user_message(row["question"], dialect.format_passages(hits), "en")
+        shown = dialect.format_passages(hits)  # within the default observation budget (384 tokens): in full
+        assert len(qwen_tokenizer(dialect.wrap_observation(shown))["input_ids"]) <= 384
+        message = f"{row['question']}\n\nPassages:\n{shown}"
+        assert message == user_message(row["question"], shown, "en")
         expected = build_prompt(qwen_tokenizer, message, "agentic", system=system)
         assert policy.contexts[i] == expected  # the first turn's context is exactly that prompt
         assert rec["retrieval"] == {"query": row["question"], "docids": [h.docid for h in hits],
@@ -187,6 +189,28 @@ def test_naive_rag_puts_the_questions_top_passages_in_the_prompt_and_never_searc
     assert summary["mode"] == "naive_rag" and summary["searches_per_question"] == 0
     # the question's search counts as a search carried out for the failure threshold
     assert summary["search_failures"]["searches"] == 2 and summary["search_failures"]["failed"] == 0
+
+
+def test_naive_rag_passages_get_the_agents_observation_budget(tmp_path, qwen_tokenizer, wiki_index):
+    from agentic_rag.rollout.engine import AgentRollout
+    from agentic_rag.rollout.settings import RolloutSettings
+    from agentic_rag.search import open_searcher
+
+    rows = dev_rows(1)
+    policy = TablePolicy(qwen_tokenizer, {rows[0]["question"]: [f"<answer>{rows[0]['answer']}</answer>"]})
+    cfg = config(tmp_path, shared(DEV), dataset={"limit": 1}, mode="naive_rag",
+                 search={"index": str(wiki_index), "retriever": "bm25"},
+                 rollout={"passages_per_search": 2, "max_observation_tokens": 40})
+    run_evaluation(cfg, policy=policy, tokenizer=qwen_tokenizer, progress=False)
+    hits = open_searcher(wiki_index, "bm25").search(rows[0]["question"], 2)
+    full = get_dialect("agentic").format_passages(hits)
+    # what the agent's observation of the same two hits would hold: cut at a word, marked, within 40 tokens
+    engine = AgentRollout(policy, qwen_tokenizer, None, RolloutSettings(max_observation_tokens=40))
+    shown = engine.observation_text(full)
+    assert shown.endswith(" ...") and full.startswith(shown[:-4]) and len(shown) < len(full) // 2
+    assert len(qwen_tokenizer(get_dialect("agentic").wrap_observation(shown))["input_ids"]) <= 40
+    context = qwen_tokenizer.decode(policy.contexts[0])
+    assert shown in context and full not in context
 
 
 def test_naive_rag_needs_an_index(tmp_path):

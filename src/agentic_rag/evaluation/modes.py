@@ -13,7 +13,10 @@
       {passage 2} ...
 
   (``参考段落：`` in place of ``Passages:`` with ``prompt.language: zh``; ``No results.`` when the search found
-  nothing or failed; the passages in full, not cut to ``max_observation_tokens``). The model then answers with no search
+  nothing or failed). The passages get the agent's budget for one observation, ``rollout.max_observation_tokens``,
+  cut as an observation is cut (at a word boundary, marked `` ...``): the baseline reads what the agent's first
+  search with the question would show it, no more (in full, one long Wikipedia passage padded every prompt of its
+  batch: 2Wiki's naive RAG took 3x the prompted agent's time). The model then answers with no search
   action: ``rollout.max_searches`` is treated as 0, so a search it writes anyway is refused as
   ``rollout.on_search_limit`` says (``observe``: a notice that no searches are left, and it may still answer).
 * ``direct`` (closed book): the question alone as the user message; no passages and no search (``max_searches`` 0

@@ -436,7 +436,7 @@ def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: 
     if cfg.mode == "naive_rag":
         found = retrieve(searcher, [row.question for row in batch], cfg.rollout.passages_per_search)
         for i, (row, (hits, error)) in enumerate(zip(batch, found, strict=True)):
-            passages[i] = engine.dialect.format_passages(hits)
+            passages[i] = engine.observation_text(engine.dialect.format_passages(hits))
             retrieval[i] = {"query": row.question, "docids": [h.docid for h in hits],
                             "titles": [h.title for h in hits], "error": error}
     system = mode_system_prompt(cfg.mode, engine.dialect, p.language, p.system_prompt)

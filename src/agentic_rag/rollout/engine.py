@@ -487,6 +487,13 @@ class AgentRollout:
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def observation_text(self, body: str) -> str:
+        """``body`` as much as one observation shows of it (``max_observation_tokens``, tags included): cut at a
+        word boundary and marked with ' ...' where it is cut. The naive-RAG baseline gives its passages this
+        budget, so it reads exactly what the agent's one search would show."""
+        _, kept = self._fit(body, self.settings.max_observation_tokens)
+        return body if kept >= len(body) else body[:kept].rstrip() + " ..."
+
     def _fit_observation(self, t: Trajectory, body: str) -> tuple[list[int] | None, int]:
         """The observation's ids within this trajectory's limits, and how many leading characters of ``body``
         they hold (None and 0 when not even the tags fit)."""
