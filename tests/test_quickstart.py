@@ -143,6 +143,10 @@ def test_quickstart_end_to_end_small(tmp_path):
     assert_dashboard_serves(out / "swanlog", {"GRPO seed 0", "control seed 0"})
     for line in ("SFT (before)", "GRPO seed 0", "control seed 0", "swanlab watch", str(out / "summary.json")):
         assert line in proc.stdout
+    # each training run's step lines reach the console as they happen (and its whole output its train.log)
+    for run in ("seed0-grpo", "seed0-control"):
+        assert f"{run} [grpo] step 1/2" in proc.stderr and f"{run} [grpo] step 2/2" in proc.stderr
+        assert "[grpo] step 2/2" in (out / "runs" / run / "train.log").read_text()
     for run in ("seed0-grpo", "seed0-control"):
         assert (out / "runs" / run / "final" / "adapter_config.json").is_file()
     # a second run finds everything done and does not train again
@@ -246,3 +250,15 @@ def test_sft_batches_flag_reaches_the_settings_and_bad_values_are_refused(tmp_pa
     with pytest.raises(SystemExit) as other:
         quickstart.main(["--out", str(out), "--sft-batches", "by_length"])
     assert "sft_batches" in str(other.value.code) and not (out / "world").exists()
+
+
+def test_console_lines_are_found_behind_the_progress_bar():
+    """A training process's step line often arrives glued to tqdm's bar (which ends with no newline): the quick
+    start's console still shows it, from its prefix on; other output stays in train.log only."""
+    from agentic_rag.demo.quickstart import console_part
+
+    glued = "\r 50%|#####     | 1/2 [00:08<00:08,  8.13s/it][grpo] step 1/2  reward 0.5  8.1 s/step  left 8s\n"
+    assert console_part(glued) == "[grpo] step 1/2  reward 0.5  8.1 s/step  left 8s"
+    assert console_part("[validation] step 4  em 0.450\n") == "[validation] step 4  em 0.450"
+    assert console_part("WARNING collapse guard: entropy 0.01\n") == "WARNING collapse guard: entropy 0.01"
+    assert console_part("{'loss': '0.1', 'grad_norm': '0.05'}\n") == ""

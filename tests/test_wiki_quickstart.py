@@ -42,7 +42,8 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
         assert len(adapters[key]) == 1 and Path(adapters[key][0], "adapter_config.json").is_file()
     models = [r["model"] for r in summary["table"]]
     assert models == ["Direct (closed book)", "naive RAG", "prompted agent", "SFT", "SFT + GRPO seed 0",
-                      "control seed 0", "GRPO, search off", "GRPO, random passages"]
+                      "control seed 0", "GRPO, search off", "SFT, search off", "GRPO, random passages",
+                      "SFT, random passages"]
     for r in summary["table"]:
         assert 0.0 <= r["em"] <= 1.0 and "em_multi_hop" in r
     # the baselines ran in their modes: no searches closed book or with naive RAG's passages in the prompt
@@ -54,16 +55,25 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
     # the SFT model sampled on the multi-hop questions (eval --samples)
     sampled = summary["sft_sampled_two_hop"]
     assert sampled["n"] == 4 and 0.0 <= sampled["mixed_share"] <= 1.0
-    # greedy validation at the start and after every validation_every steps, in the log and the run's file
+    # greedy validation after every validation_every steps, in the log and the run's file; the curve starts at the
+    # SFT evaluation (the runs do not validate their common start again: logging.validation_at_start false)
     run = out / "runs" / "seed0-grpo"
     curve = summary["validation_curves"]["GRPO seed 0"]
     assert [v["step"] for v in curve][0] == 0 and curve[-1]["step"] == 2
+    assert curve[0]["source"] == "eval/sft" and curve[0]["eval/em"] == summary["em_before"][0]
+    assert [json.loads(line)["step"] for line in open(run / "validation.jsonl")][0] > 0
+    answers = [json.loads(line) for line in open(run / "validation" / "step2.jsonl")]  # question by question
+    assert len(answers) == 8 and {"question", "kind", "gold", "answer", "queries", "em"} <= set(answers[0])
+    assert sum(a["em"] for a in answers) / 8 == curve[-1]["eval/em"]
     assert all(0.0 <= v["eval/em"] <= 1.0 for v in curve)
     log = (run / "train.log").read_text()
     assert "[grpo] step 1/2" in log and "[grpo] step 2/2" in log and "left" in log
     assert "[validation] step 2" in log
-    # a console line per SFT step (progress lines go to stderr)
-    assert "[sft] step 1/" in proc.stdout + proc.stderr
+    # a console line per SFT and GRPO step, per validation and per evaluated batch (progress lines go to stderr)
+    assert "[sft] step 1/" in proc.stderr
+    assert "seed0-grpo [grpo] step 2/2" in proc.stderr and "seed0-grpo [validation] step 2" in proc.stderr
+    assert "seed0-control [grpo] step 2/2" in proc.stderr and "seed0-control [validation]" not in proc.stderr
+    assert "eval direct: 8/8 questions, em" in proc.stderr and "eval sft: 8/8 questions" in proc.stderr
     assert "Unable to fetch remote file" not in proc.stdout + proc.stderr + log
     # a second run finds every step done
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)

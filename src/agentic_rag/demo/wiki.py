@@ -14,12 +14,13 @@ is complete, so a second run (or one after a crash) goes on where the last one s
 4. baselines, Search-R1's Table 2 in miniature: the base model closed book (``direct``), with the question's
    passages in its prompt (``naive_rag``), and prompted as an agent with the dialect's full instructions;
 5. LoRA SFT on the gold trajectories (checkpointed: an interrupted SFT resumes), then the SFT model greedy, and
-   sampled (``--samples``) on the multi-hop validation questions: what GRPO has to work with;
+   sampled (``--samples``, 4 rollouts) on the first 32 multi-hop validation questions: what GRPO has to work with;
 6. per seed, GRPO from the SFT adapter (``experiments/training/wiki_grpo_smollm2.yaml``, greedy validation EM
-   in the log every few steps) and its shuffled-reward control;
-7. every run on the validation split, the first seed's GRPO adapter also with search switched off and with a
-   searcher returning random passages (its gain must vanish), and, with ``--hotpotqa``, the SFT and GRPO
-   adapters on ``amor-hotpotqa/hotpotqa_dev.jsonl`` over an index of its own paragraphs (never trained on);
+   in the log every few steps) and its shuffled-reward control (judged by its final evaluation alone);
+7. every run on the validation split, the first seed's GRPO adapter and the SFT adapter also with search switched
+   off and with a searcher returning random passages (the GRPO gain must vanish: the two rows meet), and, with
+   ``--hotpotqa``, the SFT and GRPO adapters on ``amor-hotpotqa/hotpotqa_dev.jsonl`` over an index of its own
+   paragraphs (never trained on);
 8. the table (EM, F1, searches per question, EM per kind and per 2Wiki type), ``summary.json``,
    ``reward_curve.png`` and one SwanLab dashboard with every run.
 
@@ -37,7 +38,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .quickstart import CONFIGS, JVM_HEAP, SYSTEM_PROMPT, Settings, _done, _step, models_of, prepare_model, train_run
+from .quickstart import (
+    CONFIGS,
+    JVM_HEAP,
+    SYSTEM_PROMPT,
+    Settings,
+    _done,
+    _step,
+    eval_progress,
+    models_of,
+    prepare_model,
+    train_run,
+)
 from .report import _mean, dashboard, plot, reward_curve, row, training_curves
 
 WIKI_CONFIG = CONFIGS / "wiki_grpo_smollm2.yaml"
@@ -57,6 +69,7 @@ class WikiSettings(Settings):
     data_dir: str | None = None  # the shared data (default ../shared/data, or AGENTIC_RAG_SHARED_DATA)
     sft_batch_size: int = 8
     sft_group_by_length: bool = True
+    behaviour_questions: int = 32  # multi-hop validation questions the SFT model is sampled on (4 rollouts each)
 
     @classmethod
     def for_tiny(cls, **kw: Any) -> WikiSettings:
@@ -206,15 +219,17 @@ def evaluate(s: WikiSettings, name: str, model: str, adapter: Path | str | None,
         search=SearchSettings(index=str(index or s.index_dir), retriever=retriever), rollout=_rollout(s),
         prompt=_prompt(s, system_prompt), mode=mode, samples=samples,
         sampling=SamplingSettings(temperature=1.0 if samples > 1 else 0.0),
-        batch_size=64 if samples == 1 else 16, metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
-    return run_evaluation(cfg, progress=False, overwrite=True)
+        # 128 rows decode at once: on 2 cores a decode step costs mostly reading the weights, so a wider batch is
+        # nearly free (64 at once took 1.75x the time); the KV cache of 128 wiki rows is ~4 GB
+        batch_size=128 if samples == 1 else 32, metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
+    return run_evaluation(cfg, progress=False, overwrite=True, on_batch=eval_progress(name, cfg.dataset.path))
 
 
-def _subset(s: WikiSettings, kind: str) -> Path:
-    """The validation questions of one kind, as a file of their own."""
-    path = s.out / "data" / f"validation_{kind}.jsonl"
+def _subset(s: WikiSettings, kind: str, limit: int | None = None) -> Path:
+    """The (first ``limit``) validation questions of one kind, as a file of their own."""
+    path = s.out / "data" / f"validation_{kind}{'' if limit is None else f'_first{limit}'}.jsonl"
     if not _done(path):
-        lines = [line for line in open(s.validation_file) if json.loads(line)["kind"] == kind]
+        lines = [line for line in open(s.validation_file) if json.loads(line)["kind"] == kind][:limit]
         path.write_text("".join(lines))
     return path
 
@@ -255,7 +270,10 @@ def kind_row(name: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def wiki_table(rows: list[dict[str, Any]]) -> str:
-    cols = [("EM", "em"), ("F1", "f1"), ("srch/q", "searches"), ("yes/no", "em_yes_no"), ("pick1", "em_pick_one"),
+    # well-formed: the share that ended with an answer in the dialect's tags (a base model that never writes them
+    # scores 0 whatever it knows)
+    cols = [("EM", "em"), ("F1", "f1"), ("formed", "well_formed"), ("srch/q", "searches"), ("yes/no", "em_yes_no"),
+            ("pick1", "em_pick_one"),
             ("multi", "em_multi_hop"), ("comp", "em_comparison"), ("bridge", "em_bridge_comparison"),
             ("compos", "em_compositional"), ("infer", "em_inference")]
     head = f"{'model':<28}" + "".join(f"{c:>8}" for c, _ in cols)
@@ -272,7 +290,8 @@ def check_settings(s: WikiSettings) -> None:
 
     quickstart.check_settings(s, extra={"task": "wiki", "questions": s.questions,
                                         "sft_batch_size": s.sft_batch_size,
-                                        "sft_group_by_length": s.sft_group_by_length})
+                                        "sft_group_by_length": s.sft_group_by_length,
+                                        "behaviour_questions": s.behaviour_questions})
 
 
 def _em(summary: dict[str, Any] | None, kind: str | None = None) -> float | None:
@@ -310,29 +329,37 @@ def run(s: WikiSettings) -> dict[str, Any]:
     sft_dir = sft(s, init)
     base, sft_adapter = models_of(s, sft_dir)
     before = evaluate(s, "sft", base, sft_adapter)
-    multi = _subset(s, "multi_hop")
+    multi = _subset(s, "multi_hop", s.behaviour_questions)
     behaviour = evaluate(s, "sft_sampled_multi_hop", base, sft_adapter, questions=multi, samples=s.behaviour_samples) \
         if multi.stat().st_size else None
     print(f"   SFT greedy EM {_em(before):.3f} (multi-hop {_em(before, 'multi_hop')}), searches/q "
           f"{before['searches_per_question']:.2f} ({time.perf_counter() - t:.0f} s)", flush=True)
     t = _step(f"6. GRPO from the SFT adapter and the shuffled-reward control, seeds {s.seeds}")
-    overrides = {"logging.validation_file": s.validation_file}
+    # the runs validate every few steps and at their end; their common start is the SFT evaluation above
+    overrides = {"logging.validation_file": s.validation_file, "logging.validation_at_start": "false"}
     if s.tiny:  # the tiny SFT model is a whole model directory with a word-level tokenizer and no chat template
         overrides.update({"model.adapter": "", "prompt.chat_template": "false"})
     dirs: dict[tuple[int, bool], Path] = {}
     for seed in s.seeds:
         for control in (False, True):
             name = f"seed{seed}-{'control' if control else 'grpo'}"
-            dirs[seed, control] = train_run(s, sft_dir, name, seed,
-                                            {**overrides, "algorithm.shuffle_rewards": str(control).lower()})
+            # the control is judged by its final evaluation: no validation while it trains (a GRPO run's curve says
+            # where it peaks)
+            sets = {**overrides, "algorithm.shuffle_rewards": str(control).lower()}
+            if control:
+                sets["logging.validation_file"] = ""
+            dirs[seed, control] = train_run(s, sft_dir, name, seed, sets)
     print(f"   ({time.perf_counter() - t:.0f} s)", flush=True)
     t = _step("7. every run on the validation split, and the ablations")
     results = {key: evaluate(s, d.name, base, d / "final") for key, d in dirs.items()}
     first = dirs[s.seeds[0], False] / "final"
     ablations = {}
     if s.ablations:
+        # the SFT start under the same ablations: the GRPO gain vanishes when these rows match the GRPO ones
         ablations = {"GRPO, search off": evaluate(s, "ablation_search_off", base, first, index="none"),
-                     "GRPO, random passages": evaluate(s, "ablation_random", base, first, retriever="random")}
+                     "SFT, search off": evaluate(s, "ablation_sft_search_off", base, sft_adapter, index="none"),
+                     "GRPO, random passages": evaluate(s, "ablation_random", base, first, retriever="random"),
+                     "SFT, random passages": evaluate(s, "ablation_sft_random", base, sft_adapter, retriever="random")}
     hotpot: dict[str, Any] = {}
     if s.hotpotqa:
         questions, index = hotpotqa_task(s)
@@ -368,7 +395,7 @@ def run(s: WikiSettings) -> dict[str, Any]:
         "sft_sampled_two_hop": behaviour and {"questions": behaviour["n"], **behaviour.get("samples", {})},
         "reward_first5_last5": {k: [_mean(v[:5]), _mean(v[-5:])] for k, v in curves.items()},
         "training_curves": {names[j]: training_curves(dirs[j]) for j in dirs},
-        "validation_curves": {names[j]: validation_curve(dirs[j]) for j in dirs},
+        "validation_curves": {names[j]: [start_point(before), *validation_curve(dirs[j])] for j in dirs},
         "held_out_questions": task["kept"]["validation"],
         "trajectories": stats,
         "hotpotqa": {n: kind_row(n, summ) for n, summ in hotpot.items()},
@@ -393,6 +420,15 @@ def run(s: WikiSettings) -> dict[str, Any]:
     print(watch_hint(str(log_dir)))
     print(f"summary: {s.out / 'summary.json'}")
     return summary
+
+
+def start_point(summary: dict[str, Any]) -> dict[str, Any]:
+    """The SFT start's evaluation as step 0 of a validation curve (the runs do not validate it again)."""
+    point = {"step": 0, "eval/em": summary["metrics"]["em"], "eval/f1": summary["metrics"]["f1"],
+             "eval/searches": summary["searches_per_question"]}
+    for kind, value in summary.get("by_kind", {}).items():
+        point[f"eval/em_{kind}"] = value["metrics"]["em"]
+    return {**point, "source": "eval/sft"}
 
 
 def validation_curve(run_dir: Path) -> list[dict[str, Any]]:
