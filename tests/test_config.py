@@ -477,3 +477,19 @@ def test_the_learning_rate_schedule_reaches_the_trainer(good, schedule):
         assert rates == pytest.approx([3e-4] * 5)
     else:
         assert rates == pytest.approx([3e-4, 2.4e-4, 1.8e-4, 1.2e-4, 0.6e-4])
+
+
+def test_scientific_notation_is_a_number_in_files_and_set(good):
+    """PyYAML reads YAML 1.1, where ``1e-5`` (no dot) is text: a learning rate written as Hugging Face configs write
+    it, or passed as ``--set algorithm.learning_rate=3e-5`` (what Python prints for 0.00003), was refused as 'not a
+    number'. A float setting takes scientific notation; text in it is still refused, and an integer setting still
+    takes integers only."""
+    data = {**good, "algorithm": {**good.get("algorithm", {}), "learning_rate": "1e-5"}}
+    assert config_from_dict(data, env={}).algorithm.learning_rate == 1e-5
+    cfg = config_from_dict(good, env={}, overrides={"algorithm.learning_rate": "3e-05", "sampling.top_p": ".9E0"})
+    assert cfg.algorithm.learning_rate == 3e-5 and cfg.sampling.top_p == 0.9
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(good, env={}, overrides={"algorithm.learning_rate": "1e-5x", "algorithm.max_steps": "1e2"})
+    assert info.value.problems == [
+        "algorithm.learning_rate must be a number, got '1e-5x' (from --set algorithm.learning_rate)",
+        "algorithm.max_steps must be an integer, got '1e2' (from --set algorithm.max_steps)"]

@@ -387,6 +387,25 @@ def test_a_bug_is_a_traceback_with_a_report_line(capsys):
     assert capsys.readouterr().err == "agentic-rag world: error: --out x is a file\n"
 
 
+def test_out_of_gpu_memory_is_advice_not_a_bug_report(capsys):
+    """Seen on an H100 shared by 8 training runs: a CUDA out-of-memory error in the validation callback ended with
+    'internal error: this is a bug in agentic-rag'. It is the settings (or the neighbours) asking for more memory
+    than the card has: one line with the knobs that lower it, exit 2, no traceback."""
+    import torch
+
+    from agentic_rag.errors import guarded
+
+    def oom() -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 54.00 MiB. GPU 0 has a total capacity "
+                                     "of 79.18 GiB of which 30.69 MiB is free.\nmore detail")
+
+    assert guarded("agentic-rag train", oom) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "bug" not in err
+    assert err.startswith("agentic-rag train: error: out of GPU memory (CUDA out of memory. Tried to allocate")
+    assert "per_device_train_batch_size" in err and "--resume" in err
+
+
 def test_project_root_scripts_are_not_touched(tmp_path):
     """The tests above ran in temporary folders: nothing of theirs leaked into the checkout."""
     assert not list(ROOT.glob("theirs*")) and not list(ROOT.glob("mydata*"))

@@ -52,6 +52,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
             NotADirectoryError, PermissionError, FileExistsError)
 
 
+OOM_ADVICE = ("Fewer tokens at once fit: lower algorithm.per_device_train_batch_size (raising "
+              "gradient_accumulation_steps keeps the batch), rollout.max_completion_tokens, or the eval/validation "
+              "batch; turn on model.gradient_checkpointing or model.quantization nf4; give the run a GPU of its own "
+              "(other processes' memory counts). A training run goes on from its last checkpoint with --resume.")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA (or other accelerator) out-of-memory error: the settings ask for more than the card holds, which is
+    no bug of ours. Recognised by name, so this module need not import torch."""
+    return type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch")
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a user error, as the line the command prints: an OSError names its file."""
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -69,6 +81,12 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one error boundary: a user's error is a line, a bug a traceback
+        if is_out_of_memory(exc):
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                traceback.print_exc()
+            first = (str(exc).splitlines() or [""])[0]
+            print(f"{prog}: error: out of GPU memory ({first[:200]}). {OOM_ADVICE}", file=sys.stderr)
+            return 2
         if isinstance(exc, user_errors()):
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()

@@ -108,9 +108,14 @@ def type_name(tp: Any) -> str:
         tp, "__name__", str(tp)))
 
 
+# 1e-5, 3E+2: YAML 1.2 numbers that YAML 1.1 (PyYAML) leaves as strings unless they hold a dot
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _typed(value: Any, tp: Any) -> tuple[bool, Any]:
     """``value`` as the annotation ``tp`` takes it: strict (``true`` is no count, ``"5"`` no number), except that
-    an integer is a number and a number given for text is that text."""
+    an integer is a number, a number given for text is that text, and scientific notation without a dot
+    (``1e-5``, which PyYAML's YAML 1.1 reads as text) is the number it spells."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -130,6 +135,8 @@ def _typed(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            return True, float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return ok, float(value) if ok else value
     if tp is str:
