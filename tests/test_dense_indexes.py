@@ -295,11 +295,11 @@ def test_shards_give_the_unsharded_results(built, qvecs, name, options):
     for k in (K, 150):  # 150: more than the last shard (45) and than any shard holds
         s1, r1 = sharded.search_vectors(qvecs, k)
         s2, r2 = one.search_vectors(qvecs, k)
-        if name == "ivfpq":  # quantised scores tie, and a merge of shards may order a tie otherwise (seen in CI)
-            assert_same_up_to_ties((s1, r1), (s2, r2))
-        else:
-            assert np.array_equal(r1, r2), (name, options, k)
-            np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-6)
+        # quantised scores tie (ivfpq), and so do float scores that differ in the last bits: a shard's distances
+        # come from a matrix product of another shape than the whole index's, rounded otherwise (flat and ivf at
+        # k 150 differed in tied places only on the 2-core machine, 2026-11-26); a merge of shards may order such
+        # ties otherwise
+        assert_same_up_to_ties((s1, r1), (s2, r2))
 
 
 def test_sharded_re_ranking_re_scores_more_candidates(built, qvecs, truth):
