@@ -3,6 +3,13 @@ config, from the quick start's SFT adapter.
 
     python experiments/benchmarks/grpo_step_real.py --quickstart outputs/quickstart [--steps 2]
         [--threads 2] [--set algorithm.per_device_train_batch_size=16 --set ...]
+    python experiments/benchmarks/grpo_step_real.py --task wiki --quickstart outputs/quickstart_wiki --compare none
+
+``--task wiki`` measures the wiki task's step instead (``experiments/training/wiki_grpo_smollm2.yaml`` from
+``QUICKSTART/sft`` on ``QUICKSTART/data/train.jsonl`` and ``QUICKSTART/index``); ``--compare none`` measures the
+trainer as shipped alone. Every result splits the step into generation (the rollout less the time it only waited
+for searches), search (the searches' own time, from the trainer's ``timing/search_s``; most of it overlaps decoding),
+the scoring forward passes and the rest of the training step (backward, optimizer).
 
 Each variant runs in its own process (``OMP_NUM_THREADS`` = ``--threads``, default 2; the JVM heap at 1 GB as
 the quick start sets it) and trains ``--steps`` optimizer steps of ``experiments/training/world_grpo_smollm2.yaml``
@@ -39,10 +46,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml"
+CONFIGS = {"world": ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml",
+           "wiki": ROOT / "experiments" / "training" / "wiki_grpo_smollm2.yaml"}
+TRAIN_FILES = {"world": "world/train.jsonl", "wiki": "data/train.jsonl"}  # inside the quick start's directory
+CONFIG = CONFIGS["world"]
 
 
-def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict:
+def measure(quickstart: Path, steps: int, variant: str, sets: list[str], task: str = "world") -> dict:
     import psutil
 
     proc = psutil.Process()
@@ -110,19 +120,28 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str]) -> dict
             phase[0] = "after model load"
     train.policy_model = loading
     out_dir = Path(tempfile.mkdtemp(prefix="grpo_step_real_"))
-    base = [f"model.adapter={quickstart / 'sft'}", f"data.train_file={quickstart / 'world' / 'train.jsonl'}",
+    base = [f"model.adapter={quickstart / 'sft'}", f"data.train_file={quickstart / TRAIN_FILES[task]}",
             f"search.index={quickstart / 'index'}", f"checkpoint.output_dir={out_dir}", "checkpoint.save_steps=1000",
-            "logging.swanlab_mode=disabled", f"algorithm.max_steps={steps}"]
-    args = ["--config", str(CONFIG), "--log-level", "WARNING"]
+            "logging.swanlab_mode=disabled", f"algorithm.max_steps={steps}",
+            "logging.validation_file="]  # the steps alone: the wiki config validates every few steps
+    args = ["--config", str(CONFIGS[task]), "--log-level", "WARNING"]
     for kv in base + sets:
         args += ["--set", kv]
     phase[0] = "config"
     started = time.perf_counter()
-    train.main(args)
+    code = train.main(args)
+    if code:
+        raise SystemExit(f"the measured training run failed (exit {code}); its message is above")
     total = time.perf_counter() - started
     history = json.loads((out_dir / "train_summary.json").read_text())["log_history"]
     step_times = sorted(h["step_time"] for h in history if "step_time" in h)
-    return {"variant": variant, "steps": steps, "total_s": round(total, 1),
+
+    def logged(key: str) -> float:
+        return sum(h[key] for h in history if key in h) / steps
+
+    split = {"generation_s": round(times["rollout_s"] / steps - logged("timing/search_wait_s"), 1),
+             "search_s": round(logged("timing/search_s"), 2), "search_wait_s": round(logged("timing/search_wait_s"), 2)}
+    return {"variant": variant, "task": task, "steps": steps, "total_s": round(total, 1), **split,
             "step_time_median_s": round(step_times[len(step_times) // 2], 1) if step_times else None,
             **{k: round(v / steps, 1) for k, v in times.items()},
             "backward_and_rest_of_training_step_s": round((times["training_step_s"] - times["scoring_forward_s"])
@@ -151,23 +170,33 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
     ap.add_argument("--set", action="append", default=[], dest="sets", help="a training config override")
-    ap.add_argument("--compare", choices=["order", "micro_batch"], default="order",
+    ap.add_argument("--task", choices=sorted(CONFIGS), default="world", help="whose training step: the world "
+                    "quick start's (default) or the wiki task's")
+    ap.add_argument("--compare", choices=["order", "micro_batch", "none"], default="order",
                     help="order (default): by_length vs trl_order; micro_batch: the shipped micro-batch of 4 vs 8 "
-                         "with half the accumulation steps, the same rollouts and gradient per step")
+                         "with half the accumulation steps, the same rollouts and gradient per step; none: the "
+                         "trainer as shipped alone")
     ap.add_argument("--variant", choices=["by_length", "trl_order"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
     if not (qs / "sft" / "adapter_config.json").exists():
         ap.error(f"no SFT adapter at {qs / 'sft'}: run the quick start first (bash script/quickstart.sh)")
     if args.variant:
-        print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets)), flush=True)
+        print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets, args.task)), flush=True)
         return 0
+    global CONFIG
+    CONFIG = CONFIGS[args.task]
     runs = {"by_length": ("by_length", []), "trl_order": ("trl_order", [])} if args.compare == "order" else \
+        {"by_length": ("by_length", [])} if args.compare == "none" else \
         {"micro_batch_4": ("by_length", []), "micro_batch_8": ("by_length", micro_batch_8())}
     results = {}
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g", TOKENIZERS_PARALLELISM="false")
+    from agentic_rag.malloc import child_env  # as the quick start starts its training processes
+
+    env = child_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g",
+                         TOKENIZERS_PARALLELISM="false"))
     for name, (variant, extra) in runs.items():
-        cmd = [sys.executable, __file__, "--quickstart", str(qs), "--steps", str(args.steps), "--variant", variant]
+        cmd = [sys.executable, __file__, "--quickstart", str(qs), "--steps", str(args.steps), "--variant", variant,
+               "--task", args.task]
         for kv in args.sets + extra:
             cmd += ["--set", kv]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -177,8 +206,11 @@ def main() -> int:
             return 1
         results[name] = json.loads(line[-1][len("RESULT "):])
         print(name, {k: v for k, v in results[name].items() if k != "micro_batches"}, flush=True)
+    summary: dict = {"task": args.task, "sets": args.sets, "threads": args.threads, "compare": args.compare}
+    if args.compare == "none":
+        print(json.dumps({**summary, **results}))
+        return 0
     first, second = list(results.values())
-    summary: dict = {"sets": args.sets, "threads": args.threads, "compare": args.compare}
     if args.compare == "order":
         summary["scoring_forward_ratio"] = round(first["scoring_forward_s"] / max(1e-9, second["scoring_forward_s"]), 3)
     else:

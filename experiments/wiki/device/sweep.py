@@ -1,0 +1,86 @@
+"""Screen GRPO recipes of the wiki task on a lent GPU machine: the real model, the wiki quick start's SFT adapter,
+every recipe at once (one process each on the one GPU), each validating greedily on the 200 validation questions
+every 4 steps (the first recipe at step 0 too: the SFT start's score). Stopped at the deadline; the validation
+curves come back as one JSON line, the logs and per-question answers in ``$OUT/sweep.tar.gz``.
+
+    python3 sweep.py DEADLINE_S STEPS   (RECIPES=a,b to pick; run from the repository root, see README.md)
+
+Search is experiments/wiki/device/sitecustomize.py's bm25s stand-in for Pyserini.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+DATA = os.environ.get("SCREEN_DATA", ".devdata")  # train.jsonl, validation.jsonl, manifest.json, sft/
+STEP = re.compile(r"\[grpo\] step (\d+)/")
+F1 = "[{name: f1, weight: 1.0}, {name: format, weight: 0.2}]"
+RECIPES = {
+    "lr1e4": {"algorithm.learning_rate": "1e-4"},
+    "start": {},
+    "lr1e4_control": {"algorithm.learning_rate": "1e-4", "algorithm.shuffle_rewards": "true"},
+    "lr3e5": {"algorithm.learning_rate": "3e-5"},
+    "lr1e4_g8": {"algorithm.learning_rate": "1e-4", "algorithm.num_generations": 8,
+                 "algorithm.gradient_accumulation_steps": 16},
+    "lr1e4_dyn": {"algorithm.learning_rate": "1e-4", "algorithm.dynamic_sampling": "true"},
+    "lr1e4_f1": {"algorithm.learning_rate": "1e-4", "rewards": F1},
+    "lr1e4_kl": {"algorithm.learning_rate": "1e-4", "algorithm.beta": 0.05},
+    "lr1e4_t05": {"algorithm.learning_rate": "1e-4", "sampling.temperature": 0.5},
+}
+
+
+def main() -> None:
+    deadline = time.time() + float(sys.argv[1])
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+    out_dir, runs = Path(os.environ["OUT"]), Path("/tmp/screen_runs")
+    runs.mkdir(exist_ok=True)
+    index = Path("/tmp/screen_index")
+    index.mkdir(exist_ok=True)
+    (index / "manifest.json").write_text(Path(DATA, "manifest.json").read_text())  # the config check wants one
+    names = os.environ.get("RECIPES", ",".join(RECIPES)).split(",")
+    procs = {}
+    for n, name in enumerate(names):
+        sets = {"model.name_or_path": "smollm2-135m-instruct", "model.tokenizer": "smollm2-135m-instruct",
+                "model.adapter": f"{DATA}/sft", "data.train_file": f"{DATA}/train.jsonl", "search.index": index,
+                "checkpoint.output_dir": runs / name, "checkpoint.save_steps": 1000, "seed": 0,
+                "logging.validation_file": f"{DATA}/validation.jsonl", "logging.validation_every": 4,
+                "logging.validation_at_start": "true" if n == 0 else "false", "logging.swanlab_mode": "disabled",
+                "prompt.system_prompt": "Answer the question by searching.", "algorithm.max_steps": steps,
+                **RECIPES[name]}
+        cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config",
+               "src/agentic_rag/resources/configs/wiki_grpo_smollm2.yaml", "--log-level", "WARNING"]
+        for key, value in sets.items():
+            cmd += ["--set", f"{key}={value}"]
+        env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu")
+        procs[name] = subprocess.Popen(cmd, stdout=open(runs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+                                       env=env)
+    while time.time() < deadline and any(p.poll() is None for p in procs.values()):
+        time.sleep(10)
+        at = [f"{name}:{(STEP.findall((runs / f'{name}.log').read_text()) or ['0'])[-1]}" for name in names]
+        print(int(time.time()), " ".join(at), flush=True)
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    time.sleep(3)
+    result = {}
+    with tarfile.open(out_dir / "sweep.tar.gz", "w:gz") as tar:
+        for name in names:
+            vf = runs / name / "validation.jsonl"
+            vals = [json.loads(x) for x in vf.read_text().splitlines()] if vf.is_file() else []
+            result[name] = {"rc": procs[name].returncode,
+                            "val": {v["step"]: [round(v["eval/em"], 3), round(v.get("eval/em_multi_hop", -1), 3),
+                                                round(v["eval/searches"], 2)] for v in vals}}
+            tar.add(runs / f"{name}.log", arcname=f"{name}.log")
+            for f in ("validation.jsonl", "validation", "train_summary.json"):
+                if (runs / name / f).exists():
+                    tar.add(runs / name / f, arcname=f"{name}/{f}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

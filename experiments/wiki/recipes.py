@@ -1,0 +1,178 @@
+"""The GRPO recipe search of the wiki task: SmolLM2-135M-Instruct from the wiki quick start's SFT adapter, trained
+by each recipe and scored greedily on the validation split while it trains (issue 31).
+
+    python experiments/wiki/recipes.py --quickstart outputs/quickstart_wiki --recipes start,multi_f1 --seeds 0
+
+Each recipe is a set of ``--set`` overrides of ``experiments/training/wiki_grpo_smollm2.yaml`` (the quick start's
+training config), optionally with a training file restricted to some question kinds (``kinds``), in
+:data:`RECIPES`. A run validates greedily on the 200 validation questions every ``logging.validation_every`` steps
+and at its end (the SFT start's score is the quick start's ``eval/sft``, measured once, so the runs skip the
+step-0 validation): the curve says where a recipe peaks.
+
+Resumable: each finished (recipe, seed) is a JSON record under ``--record``/runs and is skipped; a run killed half
+way goes on from its last checkpoint. One run at a time, with every core. The record holds the validation curve
+(EM overall and per kind, searches per question), the per-step training curves (reward, accuracy, searches per
+trajectory, entropy of the policy's tokens, mean completion length, the share of question groups whose accuracy
+differs), the wall clock and the command. The last line printed is one JSON object: per recipe and seed, the
+validation EM (overall, multi-hop) at each validation step, against the SFT start's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from agentic_rag.demo import wiki  # noqa: E402
+from agentic_rag.demo.quickstart import models_of, train_run  # noqa: E402
+
+EVERY = 4  # validation every 4 steps
+F1 = '[{name: f1, weight: 1.0}, {name: format, weight: 0.2}]'
+EM = '[{name: em, weight: 1.0}, {name: format, weight: 0.2}]'
+RAGAS = ('[{name: em, weight: 1.0}, {name: format, weight: 0.2}, '
+         '{name: ragas, weight: 0.5, params: {metric: id_recall}}]')
+MULTI = ("multi_hop",)
+LR3 = "3e-4"  # the learning rate the config shipped with first (1e-4 since: experiments/wiki/README.md)
+
+# name -> what it changes against the shipped config (help), its --set overrides, the question kinds it trains on
+RECIPES: dict[str, dict[str, Any]] = {
+    "start": {"help": "the config as first shipped: EM + 0.2 format, T 1.0, 8 questions x 4, lr 3e-4, 12 steps",
+              "sets": {"algorithm.learning_rate": LR3}},
+    "shipped": {"help": "the config as shipped now: start with lr 1e-4", "sets": {}},
+    "control": {"help": "shipped, with the rewards shuffled within each batch",
+                "sets": {"algorithm.shuffle_rewards": "true"}},
+    "multi_f1_t07": {"help": "multi-hop training questions only, F1 + 0.2 format, T 0.7",
+                     "sets": {"algorithm.learning_rate": LR3, "rewards": F1, "sampling.temperature": 0.7},
+                     "kinds": MULTI},
+    "multi_em_g8": {"help": "multi-hop training questions only, EM + 0.2 format, 4 questions x 8 rollouts, T 0.7",
+                    "sets": {"algorithm.learning_rate": LR3, "sampling.temperature": 0.7,
+                             "algorithm.num_generations": 8}, "kinds": MULTI},
+    "multi_ragas_t07": {"help": "multi-hop training questions only, EM + 0.2 format + 0.5 RAGAS id_recall (the share "
+                                "of the question's gold passages the searches showed), T 0.7",
+                        "sets": {"algorithm.learning_rate": LR3, "rewards": RAGAS, "sampling.temperature": 0.7},
+                        "kinds": MULTI},
+    "all_em_lr1e4": {"help": "start with learning rate 1e-4 (validated at step 0 too: the trainer's greedy validation "
+                             "against the evaluation runner's SFT row)",
+                     "sets": {"algorithm.learning_rate": 1e-4, "logging.validation_at_start": "true"}},
+    "all_em_t05_lr1e4": {"help": "start with temperature 0.5 and learning rate 1e-4: rollouts near the greedy policy",
+                         "sets": {"sampling.temperature": 0.5, "algorithm.learning_rate": 1e-4}},
+    "all_ragas_lr1e4": {"help": "every kind, EM + 0.2 format + 0.5 RAGAS id_recall, T 1.0, learning rate 1e-4",
+                        "sets": {"rewards": RAGAS, "algorithm.learning_rate": 1e-4}},
+    "all_ragas_lr1e4_kl": {"help": "all_ragas_lr1e4 with a KL penalty of 0.05 against the SFT adapter",
+                           "sets": {"rewards": RAGAS, "algorithm.learning_rate": 1e-4, "algorithm.beta": 0.05}},
+    "all_f1_t07": {"help": "every kind, F1 + 0.2 format, T 0.7",
+                   "sets": {"algorithm.learning_rate": LR3, "rewards": F1, "sampling.temperature": 0.7}},
+}
+
+
+def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
+    """The overrides of one recipe, with its training file written when it trains on some kinds only."""
+    r = RECIPES[name]
+    sets = {"logging.validation_every": EVERY, "logging.validation_at_start": "false",
+            "logging.validation_file": s.validation_file, **r["sets"]}
+    kinds = r.get("kinds")
+    if kinds:
+        path = s.out / "data" / f"train_{'_'.join(kinds)}.jsonl"
+        if not path.is_file():
+            path.write_text("".join(line for line in open(s.train_file) if json.loads(line)["kind"] in kinds))
+        sets["data.train_file"] = path
+    return sets
+
+
+def curves(run: Path) -> dict[str, list[float]]:
+    history = json.loads((run / "train_summary.json").read_text())["log_history"]
+    keys = {"reward": "reward", "accuracy": None, "searches": "agentic/searches_per_trajectory", "entropy": "entropy",
+            "completion_length": "completions/mean_length", "mixed_groups": None}
+    out: dict[str, list[float]] = {}
+    for name, key in keys.items():
+        if key is None:
+            suffix = "_mixed_groups" if name == "mixed_groups" else None
+            found = next((k for h in history for k in h if (suffix and k.endswith(suffix)) or
+                          (name == "accuracy" and k in ("rewards/em/mean", "rewards/f1/mean"))), None)
+            key = found
+        out[name] = [h[key] for h in history if key and key in h]
+    return out
+
+
+def validation(run: Path) -> list[dict[str, Any]]:
+    return wiki.validation_curve(run)
+
+
+def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str, Any]:
+    sets = recipe_sets(s, name)
+    started = time.perf_counter()
+    run = train_run(s, s.out / "sft", f"{name}-seed{seed}", seed, sets, runs_dir=runs_dir)
+    summary = json.loads((run / "train_summary.json").read_text())
+    return {"recipe": name, "seed": seed, "help": RECIPES[name]["help"], "run": str(run),
+            "sets": {k: str(v) for k, v in sets.items()}, "validation": validation(run), "curves": curves(run),
+            "wall_s": round(time.perf_counter() - started, 1), "train_runtime_s": summary.get("train_runtime_s"),
+            "peak_rss_mb": summary.get("peak_rss_mb")}
+
+
+def sft_start(s: wiki.WikiSettings) -> dict[str, Any]:
+    summ = wiki.evaluate(s, "sft", *models_of(s, s.out / "sft"))
+    return {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
+            **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
+            "searches": summ["searches_per_question"]}
+
+
+def brief(record: dict[str, Any]) -> dict[str, Any]:
+    vs = record["validation"]
+    return {"recipe": record["recipe"], "seed": record["seed"],
+            "em": {v["step"]: round(v["eval/em"], 3) for v in vs},
+            "em_multi_hop": {v["step"]: round(v.get("eval/em_multi_hop", float("nan")), 3) for v in vs},
+            "searches": {v["step"]: round(v["eval/searches"], 2) for v in vs}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory "
+                    "(its SFT finished)")
+    ap.add_argument("--recipes", default="start", help=f"comma-separated, of: {', '.join(RECIPES)}")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--runs-dir", type=Path, default=ROOT / "outputs" / "wiki_recipes")
+    ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
+    args = ap.parse_args(argv)
+    names = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    unknown = [r for r in names if r not in RECIPES]
+    if unknown:
+        ap.error(f"unknown recipe(s) {unknown}; known: {', '.join(RECIPES)}")
+    saved = json.loads((args.quickstart / "settings.json").read_text())
+    if saved.get("tiny") or saved.get("task") != "wiki":
+        raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
+    if not (args.quickstart / "sft" / "sft_summary.json").is_file():
+        raise SystemExit(f"{args.quickstart} has no finished SFT: run the wiki quick start there first")
+    s = wiki.WikiSettings(out=args.quickstart.resolve(), seeds=[0], questions=saved.get("questions"))
+    start = sft_start(s)
+    print(f"SFT start: {json.dumps(start)}", flush=True)
+    done_dir = args.record / "runs"
+    done_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for seed in (int(x) for x in args.seeds.split(",")):
+        for name in names:
+            path = done_dir / f"{name}-seed{seed}.json"
+            if path.is_file():
+                records.append(json.loads(path.read_text()))
+                continue
+            print(f"== {name}, seed {seed}: {RECIPES[name]['help']}", flush=True)
+            record = one(s, name, seed, args.runs_dir)
+            record["command"] = " ".join(["python", "experiments/wiki/recipes.py", *(argv or sys.argv[1:])])
+            record["sft_start"] = start
+            path.write_text(json.dumps(record, indent=1) + "\n")
+            records.append(record)
+            print(f"   {json.dumps(brief(record))}", flush=True)
+    print(json.dumps({"sft_start": start, "runs": [brief(r) for r in records],
+                      "mean_final_em": statistics.fmean(r["validation"][-1]["eval/em"] for r in records)
+                      if records else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
