@@ -25,7 +25,7 @@ gzip -c "$QS"/data/corpus.jsonl > .devdata/corpus.jsonl.gz
 cp "$QS"/sft/{adapter_config.json,adapter_model.safetensors,agentic_rag.json,chat_template.jinja,tokenizer.json,tokenizer_config.json} .devdata/sft/
 head -16 "$QS"/sft_data.jsonl > .devdata/sft16.jsonl
 cp $HERE/sitecustomize.py $HERE/sweep.py $HERE/smoke.sh .devdata/
-GGUF=$(python3 -c "from agentic_rag.models import packaged_model_file; print(packaged_model_file('smollm2-135m-instruct'))")
+GGUF=$("${PYTHON:-.venv/bin/python}" -c "from agentic_rag.models import packaged_model_file; print(packaged_model_file('smollm2-135m-instruct'))")
 half=$(( ($(stat -c %s "$GGUF") + 1) / 2 ))
 split -b "$half" "$GGUF" /tmp/gguf_part_ && mv /tmp/gguf_part_aa .gg1/p && mv /tmp/gguf_part_ab .gg2/p
 du -sh .whl .devdata .gg1 .gg2
