@@ -255,7 +255,7 @@ def test_sft_batches_flag_reaches_the_settings_and_bad_values_are_refused(tmp_pa
 def test_console_lines_are_found_behind_the_progress_bar():
     """A training process's step line often arrives glued to tqdm's bar (which ends with no newline): the quick
     start's console still shows it, from its prefix on; other output stays in train.log only."""
-    from agentic_rag.demo.quickstart import console_part
+    from agentic_rag.demo.console import console_part
 
     glued = "\r 50%|#####     | 1/2 [00:08<00:08,  8.13s/it][grpo] step 1/2  reward 0.5  8.1 s/step  left 8s\n"
     assert console_part(glued) == "[grpo] step 1/2  reward 0.5  8.1 s/step  left 8s"

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .console import eval_progress
 from .quickstart import (
     CONFIGS,
     JVM_HEAP,
@@ -45,7 +46,6 @@ from .quickstart import (
     Settings,
     _done,
     _step,
-    eval_progress,
     models_of,
     prepare_model,
     train_run,

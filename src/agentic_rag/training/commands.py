@@ -11,6 +11,7 @@ from ..argtypes import non_negative_int, positive_float, positive_int
 from ..outputs import add_move_aside
 from ..rollout.trained_settings import SavedSettings, beneath, find_settings_file, override_lines
 from ..settings import add_flags, flag_overrides, load
+from .machine import CPU_AUTOCAST
 
 SFT_FLAGS: dict[str, str] = {}  # flag dest -> setting, filled when the parser is built
 
@@ -93,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="micro-batches of --batch-size per optimizer step (the same step in less memory)")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute activations in the backward pass: far less memory, about a third slower")
-    p.add_argument("--cpu-autocast", choices=("auto", "bf16", "none"), default="none",
+    p.add_argument("--cpu-autocast", choices=CPU_AUTOCAST, default="none",
                    help="on a CPU: none (default: fp32, the same numbers on every CPU), bf16 (torch.autocast; the "
                         "weights stay fp32), or auto (bf16 where the CPU computes it natively: AVX512-BF16 or AMX)")
     p.add_argument("--group-by-length", action="store_true",

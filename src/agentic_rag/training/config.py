@@ -34,6 +34,7 @@ from ..search.settings import SearchSettings, is_url
 from ..settings import Loaded, SettingsError, load, section, setting
 from .algorithms import DEFAULT_ALGORITHM, algorithm_names, get_preset
 from .launch_checks import branching_actions, launch_from_env, launch_problems, local_model_config, tree_mask_problems
+from .machine import CPU_AUTOCAST
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class ModelConfig:
                                         "the optimizer stay fp32; the rollouts decode in fp32), or auto (bf16 where "
                                         "the CPU computes it natively: AVX512-BF16 or AMX; emulated, and slower, "
                                         "elsewhere). Measured on SmolLM2-135M LoRA SFT with gradient checkpointing: "
-                                        "12% faster", choices=("auto", "bf16", "none"))
+                                        "12% faster", choices=CPU_AUTOCAST)
     attn_implementation: str = setting("sdpa", "attention kernel: sdpa, eager or flash_attention_2 (not with a "
                                                "dialect whose backtrack/summary branch contexts: their 4D tree mask "
                                                "needs sdpa or eager)", choices=("sdpa", "eager", "flash_attention_2"))

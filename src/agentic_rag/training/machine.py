@@ -34,6 +34,7 @@ def gpu_memory_gb(device: int = 0) -> float | None:
     return torch.cuda.get_device_properties(device).total_memory / GiB
 
 
+CPU_AUTOCAST = ("none", "bf16", "auto")  # the settings of model.cpu_autocast / sft --cpu-autocast (cpu_bf16)
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 CPUs with bf16 dot products
 
 

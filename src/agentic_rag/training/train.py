@@ -66,10 +66,9 @@ def grpo_args(cfg: ExperimentConfig, *, use_cpu: bool):
     from trl import GRPOConfig
 
     from .algorithms import algorithm_args
-
-    a = cfg.algorithm
     from .machine import cpu_bf16
 
+    a = cfg.algorithm
     bf16 = False
     if not use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         bf16 = cfg.model.quantization == "nf4" or cfg.model.dtype in ("auto", "bfloat16")
