@@ -406,6 +406,32 @@ def test_out_of_gpu_memory_is_advice_not_a_bug_report(capsys):
     assert "per_device_train_batch_size" in err and "--resume" in err
 
 
+def test_a_missing_dependency_is_an_install_fix_not_a_bug_report(monkeypatch, capsys):
+    """Seen on a GPU machine whose environment had every package but ragas: a training run with the ragas reward
+    ended with 'internal error (ModuleNotFoundError): this is a bug in agentic-rag'. A declared dependency missing
+    from the environment is a broken install: one line naming the pinned requirement, exit 2. A missing module of
+    our own, or one we do not declare, is still a bug (traceback, exit 1)."""
+    from agentic_rag.errors import guarded
+    from agentic_rag.rewards.rag import RetrievalQuality
+
+    for name in ["ragas", *(m for m in sys.modules if m.startswith("ragas."))]:  # loaded by an earlier test or not,
+        monkeypatch.setitem(sys.modules, name, None)  # "import ragas..." now fails as if it were not installed
+    assert guarded("agentic-rag train", lambda: RetrievalQuality("id_recall", None) and 0) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "bug" not in err
+    assert err.startswith("agentic-rag train: error: this environment lacks ragas, a dependency of agentic-rag")
+    assert "pip install 'ragas==0.4.3'" in err
+
+    monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML: the distribution's name is not the module's
+    assert guarded("agentic-rag train", lambda: __import__("yaml")) == 2
+    assert "lacks PyYAML" in capsys.readouterr().err
+
+    assert guarded("agentic-rag train", lambda: __import__("agentic_rag.no_such_module")) == 1
+    assert "this is a bug in agentic-rag" in capsys.readouterr().err
+    assert guarded("agentic-rag train", lambda: __import__("a_package_nobody_declares")) == 1
+    assert "this is a bug in agentic-rag" in capsys.readouterr().err
+
+
 def test_project_root_scripts_are_not_touched(tmp_path):
     """The tests above ran in temporary folders: nothing of theirs leaked into the checkout."""
     assert not list(ROOT.glob("theirs*")) and not list(ROOT.glob("mydata*"))

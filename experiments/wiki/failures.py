@@ -5,6 +5,10 @@ observation names was what the second query searched for. Prints one JSON line o
 
     python experiments/wiki/failures.py outputs/quickstart_wiki/eval/sft/predictions.jsonl \\
         outputs/quickstart_wiki/data/validation.jsonl
+
+It also reads a training run's per-question greedy validation file (``RUN/validation/stepN.jsonl``: question,
+queries, answer, em; no observations), for the counts the queries alone give: whether the second query names the
+hop-2 gold title (``second_query_is_hop2``), repeats the first, and how many of those questions were answered right.
 """
 
 from __future__ import annotations
@@ -32,18 +36,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("questions", type=Path, help="the split's question file (with kind and hop_titles)")
     args = ap.parse_args(argv)
     with args.questions.open() as f:
-        questions = {q["id"]: q for q in map(json.loads, f)}
+        rows = list(map(json.loads, f))
+    questions = {q["id"]: q for q in rows} | {q["question"]: q for q in rows}
     c: collections.Counter[str] = collections.Counter()
     with args.predictions.open() as f:
         for p in map(json.loads, f):
-            q = questions[p["id"]]
+            q = questions[p.get("id", p["question"])]
             if q["kind"] != "multi_hop":
+                continue
+            queries, right = p["queries"], p.get("em", p.get("metrics", {}).get("em")) == 1.0
+            hop2 = q["hop_titles"][1] if len(q.get("hop_titles", [])) > 1 else None
+            second = normalize_answer(queries[1]) if len(queries) > 1 else ""
+            named = bool(hop2) and (contains(second, hop2) or (len(second) > 3 and second in normalize_answer(hop2)))
+            c["second_query_is_hop2"] += named
+            c["second_query_is_hop2_and_right"] += named and right
+            c["second_query_repeats_first"] += bool(second) and second == normalize_answer(queries[0])
+            if "trajectory" not in p:  # a validation file: the queries are all there is
+                c["questions"] += 1
+                c["right"] += right
                 continue
             obs = " ".join(re.findall(r"<observation>(.*?)</observation>", p["trajectory"], re.S))
             titles = {t.strip() for t in re.findall(r"\(\d\) ([^\n]*)\n", obs)}
             hops = [t in titles for t in q.get("hop_titles", [])]
             visible = any(contains(normalize_answer(obs), g) for g in p["gold"])
-            right = p["metrics"]["em"] == 1.0
             c["questions"] += 1
             c["right"] += right
             c["hop1_passage_found"] += bool(hops and hops[0])

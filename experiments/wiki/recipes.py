@@ -69,6 +69,10 @@ RECIPES: dict[str, dict[str, Any]] = {
                            "sets": {"rewards": RAGAS, "algorithm.learning_rate": 1e-4, "algorithm.beta": 0.05}},
     "all_f1_t07": {"help": "every kind, F1 + 0.2 format, T 0.7",
                    "sets": {"algorithm.learning_rate": LR3, "rewards": F1, "sampling.temperature": 0.7}},
+    "all_f1_lr1e4_long": {"help": "every kind, F1 + 0.2 format, T 1.0, lr 1e-4 (the GPU screen's best at 12 steps) "
+                                  "for 36 steps, validated every 9",
+                          "sets": {"algorithm.learning_rate": 1e-4, "rewards": F1, "algorithm.max_steps": 36,
+                                   "logging.validation_every": 9}},
 }
 
 

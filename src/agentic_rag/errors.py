@@ -2,8 +2,9 @@
 
 A :class:`UserError` is printed as one line naming the file or flag and the fix, with exit code 2 and no
 traceback: a wrong path, an unreadable or malformed file, a value out of range, an index that cannot be
-opened, a search target that does not answer. Anything else that escapes a command is a bug in the toolkit: the
-traceback is printed with a line asking for a report, exit code 1.
+opened, a search target that does not answer. An accelerator out of memory and a declared dependency missing from
+the environment are one line of advice too (exit 2). Anything else that escapes a command is a bug in the toolkit:
+the traceback is printed with a line asking for a report, exit code 1.
 
 It subclasses ``ValueError`` so that callers that already treat a bad value as the user's (a config check, the
 chat server's start-up) treat these the same way.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -64,6 +66,33 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch")
 
 
+DISTRIBUTION = "agentic-rag-r1"  # the project's name on PyPI / in setup.cfg: its declared dependencies
+
+
+def missing_dependency(exc: BaseException) -> str | None:
+    """The requirement (``ragas==0.4.3``) of a declared dependency whose import failed with ``exc``, or None when
+    ``exc`` is no such failure. A dependency missing from the environment is a broken install, not a bug in the
+    code: the fix is to install it. A module of the toolkit itself, or one it does not declare, stays a bug."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0].lower().replace("_", "-")
+    if top == "agentic-rag":
+        return None
+    from importlib import metadata
+
+    try:
+        requirements = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+    for req in requirements:
+        if "extra ==" in req:
+            continue
+        name = re.split(r"[\[=<>!~; ]", req, maxsplit=1)[0].lower().replace("_", "-")
+        if name in (top, f"py{top}", f"python-{top}") or name.startswith(f"{top}-"):
+            return req.split(";")[0].strip()
+    return None
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a user error, as the line the command prints: an OSError names its file."""
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -86,6 +115,14 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
                 traceback.print_exc()
             first = (str(exc).splitlines() or [""])[0]
             print(f"{prog}: error: out of GPU memory ({first[:200]}). {OOM_ADVICE}", file=sys.stderr)
+            return 2
+        requirement = missing_dependency(exc)
+        if requirement:
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                traceback.print_exc()
+            print(f"{prog}: error: this environment lacks {requirement.split('=')[0].split('[')[0]}, a dependency of "
+                  f"agentic-rag (import {exc.name!r} failed). Install it: pip install '{requirement}' (or run "
+                  f"script/setup.sh again)", file=sys.stderr)
             return 2
         if isinstance(exc, user_errors()):
             if logging.getLogger().isEnabledFor(logging.DEBUG):

@@ -24,7 +24,8 @@ cp "$QS"/data/train.jsonl "$QS"/data/validation.jsonl "$QS"/index/manifest.json 
 gzip -c "$QS"/data/corpus.jsonl > .devdata/corpus.jsonl.gz
 cp "$QS"/sft/{adapter_config.json,adapter_model.safetensors,agentic_rag.json,chat_template.jinja,tokenizer.json,tokenizer_config.json} .devdata/sft/
 head -16 "$QS"/sft_data.jsonl > .devdata/sft16.jsonl
-cp $HERE/sitecustomize.py $HERE/sweep.py $HERE/smoke.sh .devdata/
+cp "$QS"/sft_data.jsonl "$QS"/sft_data.jsonl.settings.json .devdata/   # part_sft.py's weaker starts
+cp $HERE/sitecustomize.py $HERE/sweep.py $HERE/part_sft.py $HERE/smoke.sh .devdata/
 GGUF=$("${PYTHON:-.venv/bin/python}" -c "from agentic_rag.models import packaged_model_file; print(packaged_model_file('smollm2-135m-instruct'))")
 half=$(( ($(stat -c %s "$GGUF") + 1) / 2 ))
 split -b "$half" "$GGUF" /tmp/gguf_part_ && mv /tmp/gguf_part_aa .gg1/p && mv /tmp/gguf_part_ab .gg2/p

@@ -3,7 +3,9 @@ every recipe at once (one process each on the one GPU), each validating greedily
 every 4 steps (the first recipe at step 0 too: the SFT start's score). Stopped at the deadline; the validation
 curves come back as one JSON line, the logs and per-question answers in ``$OUT/sweep.tar.gz``.
 
-    python3 sweep.py DEADLINE_S STEPS   (RECIPES=a,b to pick; run from the repository root, see README.md)
+    python3 sweep.py DEADLINE_S STEPS   (from the repository root, see README.md)
+
+RECIPES=a,b@1,c+half picks the runs: @N a seed, +X the adapter in /tmp/sft_X (part_sft.py) instead of the SFT's.
 
 Search is experiments/wiki/device/sitecustomize.py's bm25s stand-in for Pyserini.
 """
@@ -20,17 +22,37 @@ from pathlib import Path
 DATA = os.environ.get("SCREEN_DATA", ".devdata")  # train.jsonl, validation.jsonl, manifest.json, sft/
 STEP = re.compile(r"\[grpo\] step (\d+)/")
 F1 = "[{name: f1, weight: 1.0}, {name: format, weight: 0.2}]"
+RAGAS = (
+    "[{name: em, weight: 1.0}, {name: format, weight: 0.2}, {name: ragas, weight: 0.5, params: {metric: id_recall}}]"
+)
+# 16 questions x 8 rollouts a step (128 completions, 4x the shipped batch), learning rate 1e-4
+BIG = {
+    "algorithm.learning_rate": "1e-4",
+    "algorithm.num_generations": 8,
+    "algorithm.per_device_train_batch_size": 8,
+    "algorithm.gradient_accumulation_steps": 16,
+}
 RECIPES = {
     "lr1e4": {"algorithm.learning_rate": "1e-4"},
     "start": {},
     "lr1e4_control": {"algorithm.learning_rate": "1e-4", "algorithm.shuffle_rewards": "true"},
     "lr3e5": {"algorithm.learning_rate": "3e-5"},
-    "lr1e4_g8": {"algorithm.learning_rate": "1e-4", "algorithm.num_generations": 8,
-                 "algorithm.gradient_accumulation_steps": 16},
+    "lr1e4_g8": {
+        "algorithm.learning_rate": "1e-4",
+        "algorithm.num_generations": 8,
+        "algorithm.gradient_accumulation_steps": 16,
+    },
     "lr1e4_dyn": {"algorithm.learning_rate": "1e-4", "algorithm.dynamic_sampling": "true"},
     "lr1e4_f1": {"algorithm.learning_rate": "1e-4", "rewards": F1},
     "lr1e4_kl": {"algorithm.learning_rate": "1e-4", "algorithm.beta": 0.05},
     "lr1e4_t05": {"algorithm.learning_rate": "1e-4", "sampling.temperature": 0.5},
+    "b16g8": BIG,
+    "b16g8_control": {**BIG, "algorithm.shuffle_rewards": "true"},
+    "b16g8_t07": {**BIG, "sampling.temperature": 0.7},
+    "b16g8_ragas": {**BIG, "rewards": RAGAS},
+    "b16g8_f1": {**BIG, "rewards": F1},
+    "b16g8_lr2e4": {**BIG, "algorithm.learning_rate": "2e-4"},
+    "b16g8_multi": {**BIG, "data.train_file": "MULTI"},  # the multi-hop training questions only
 }
 
 
@@ -43,22 +65,45 @@ def main() -> None:
     index.mkdir(exist_ok=True)
     (index / "manifest.json").write_text(Path(DATA, "manifest.json").read_text())  # the config check wants one
     names = os.environ.get("RECIPES", ",".join(RECIPES)).split(",")
+    multi = Path("/tmp/train_multi_hop.jsonl")
+    multi.write_text("".join(x for x in open(f"{DATA}/train.jsonl") if json.loads(x)["kind"] == "multi_hop"))
     procs = {}
     for n, name in enumerate(names):
-        sets = {"model.name_or_path": "smollm2-135m-instruct", "model.tokenizer": "smollm2-135m-instruct",
-                "model.adapter": f"{DATA}/sft", "data.train_file": f"{DATA}/train.jsonl", "search.index": index,
-                "checkpoint.output_dir": runs / name, "checkpoint.save_steps": 1000, "seed": 0,
-                "logging.validation_file": f"{DATA}/validation.jsonl", "logging.validation_every": 4,
-                "logging.validation_at_start": "true" if n == 0 else "false", "logging.swanlab_mode": "disabled",
-                "prompt.system_prompt": "Answer the question by searching.", "algorithm.max_steps": steps,
-                **RECIPES[name]}
-        cmd = [sys.executable, "-m", "agentic_rag.training.train", "--config",
-               "src/agentic_rag/resources/configs/wiki_grpo_smollm2.yaml", "--log-level", "WARNING"]
+        name_start, _, start = name.partition("+")  # "+X": from the adapter in /tmp/sft_X (part_sft.py)
+        recipe, _, seed = name_start.partition("@")
+        adapter = f"/tmp/sft_{start}" if start else os.environ.get("ADAPTER", f"{DATA}/sft")
+        first = not any(x.partition("+")[2] == start for x in names[:n])
+        extra = {k: (multi if v == "MULTI" else v) for k, v in RECIPES[recipe].items()}
+        sets = {
+            "model.name_or_path": "smollm2-135m-instruct",
+            "model.tokenizer": "smollm2-135m-instruct",
+            "model.adapter": adapter,
+            "data.train_file": f"{DATA}/train.jsonl",
+            "search.index": index,
+            "checkpoint.output_dir": runs / name,
+            "checkpoint.save_steps": 1000,
+            "seed": int(seed or 0),
+            "logging.validation_file": f"{DATA}/validation.jsonl",
+            "logging.validation_every": int(os.environ.get("EVERY", 4)),
+            "logging.validation_at_start": os.environ.get("AT_START", "true" if first else "false"),
+            "logging.swanlab_mode": "disabled",
+            "prompt.system_prompt": "Answer the question by searching.",
+            "algorithm.max_steps": steps,
+            **extra,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentic_rag.training.train",
+            "--config",
+            "src/agentic_rag/resources/configs/wiki_grpo_smollm2.yaml",
+            "--log-level",
+            "WARNING",
+        ]
         for key, value in sets.items():
             cmd += ["--set", f"{key}={value}"]
         env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu")
-        procs[name] = subprocess.Popen(cmd, stdout=open(runs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
-                                       env=env)
+        procs[name] = subprocess.Popen(cmd, stdout=open(runs / f"{name}.log", "w"), stderr=subprocess.STDOUT, env=env)
     while time.time() < deadline and any(p.poll() is None for p in procs.values()):
         time.sleep(10)
         at = [f"{name}:{(STEP.findall((runs / f'{name}.log').read_text()) or ['0'])[-1]}" for name in names]
@@ -72,9 +117,17 @@ def main() -> None:
         for name in names:
             vf = runs / name / "validation.jsonl"
             vals = [json.loads(x) for x in vf.read_text().splitlines()] if vf.is_file() else []
-            result[name] = {"rc": procs[name].returncode,
-                            "val": {v["step"]: [round(v["eval/em"], 3), round(v.get("eval/em_multi_hop", -1), 3),
-                                                round(v["eval/searches"], 2)] for v in vals}}
+            result[name] = {
+                "rc": procs[name].returncode,
+                "val": {
+                    v["step"]: [
+                        round(v["eval/em"], 3),
+                        round(v.get("eval/em_multi_hop", -1), 3),
+                        round(v["eval/searches"], 2),
+                    ]
+                    for v in vals
+                },
+            }
             tar.add(runs / f"{name}.log", arcname=f"{name}.log")
             for f in ("validation.jsonl", "validation", "train_summary.json"):
                 if (runs / name / f).exists():
