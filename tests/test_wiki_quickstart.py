@@ -8,6 +8,7 @@ three evaluation modes, SFT, GRPO with greedy validation every step, its control
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
     assert "seed0-grpo [grpo] step 2/2" in proc.stderr and "seed0-grpo [validation] step 2" in proc.stderr
     assert "seed0-control [grpo] step 2/2" in proc.stderr and "seed0-control [validation]" not in proc.stderr
     assert "eval direct: 8/8 questions, em" in proc.stderr and "eval sft: 8/8 questions" in proc.stderr
+    assert re.search(r"SFT greedy EM \d\.\d{3} \(multi-hop (\d\.\d{3}|none in the split)\)", proc.stdout)
     assert "Unable to fetch remote file" not in proc.stdout + proc.stderr + log
     # a second run finds every step done
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)

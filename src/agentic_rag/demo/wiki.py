@@ -332,7 +332,9 @@ def run(s: WikiSettings) -> dict[str, Any]:
     multi = _subset(s, "multi_hop", s.behaviour_questions)
     behaviour = evaluate(s, "sft_sampled_multi_hop", base, sft_adapter, questions=multi, samples=s.behaviour_samples) \
         if multi.stat().st_size else None
-    print(f"   SFT greedy EM {_em(before):.3f} (multi-hop {_em(before, 'multi_hop')}), searches/q "
+    multi_em = _em(before, "multi_hop")
+    multi_text = "none in the split" if multi_em is None else f"{multi_em:.3f}"
+    print(f"   SFT greedy EM {_em(before):.3f} (multi-hop {multi_text}), searches/q "
           f"{before['searches_per_question']:.2f} ({time.perf_counter() - t:.0f} s)", flush=True)
     t = _step(f"6. GRPO from the SFT adapter and the shuffled-reward control, seeds {s.seeds}")
     # the runs validate every few steps and at their end; their common start is the SFT evaluation above
