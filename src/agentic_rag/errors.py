@@ -110,29 +110,32 @@ def guarded(prog: str, fn: Callable[[], int | None]) -> int:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one error boundary: a user's error is a line, a bug a traceback
-        if is_out_of_memory(exc):
+        line, code = _user_line(exc)
+        if line is not None:
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
-            first = (str(exc).splitlines() or [""])[0]
-            print(f"{prog}: error: out of GPU memory ({first[:200]}). {OOM_ADVICE}", file=sys.stderr)
-            return 2
-        requirement = missing_dependency(exc)
-        if requirement:
-            if logging.getLogger().isEnabledFor(logging.DEBUG):
-                traceback.print_exc()
-            print(f"{prog}: error: this environment lacks {requirement.split('=')[0].split('[')[0]}, a dependency of "
-                  f"agentic-rag (import {exc.name!r} failed). Install it: pip install '{requirement}' (or run "
-                  f"script/setup.sh again)", file=sys.stderr)
-            return 2
-        if isinstance(exc, user_errors()):
-            if logging.getLogger().isEnabledFor(logging.DEBUG):
-                traceback.print_exc()
-            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
-            return int(getattr(exc, "exit_code", 2))
+            print(f"{prog}: error: {line}", file=sys.stderr)
+            return code
         traceback.print_exc()
         print(f"{prog}: internal error ({type(exc).__name__}): this is a bug in agentic-rag, not in your input. "
               f"Please report it with the command you ran and the traceback above.", file=sys.stderr)
         return 1
+
+
+def _user_line(exc: BaseException) -> tuple[str | None, int]:
+    """The one line and exit status of an error that is not ours (the GPU's memory, a broken install, the user's
+    input), or ``(None, 1)`` for a bug."""
+    if is_out_of_memory(exc):
+        first = (str(exc).splitlines() or [""])[0]
+        return f"out of GPU memory ({first[:200]}). {OOM_ADVICE}", 2
+    requirement = missing_dependency(exc)
+    if requirement:
+        return (f"this environment lacks {requirement.split('=')[0].split('[')[0]}, a dependency of agentic-rag "
+                f"(import {getattr(exc, 'name', '')!r} failed). Install it: pip install '{requirement}' (or run "
+                f"script/setup.sh again)"), 2
+    if isinstance(exc, user_errors()):
+        return one_line(exc), int(getattr(exc, "exit_code", 2))
+    return None, 1
 
 
 def input_file(path: str | os.PathLike | None, flag: str, *, what: str = "file") -> Path:
