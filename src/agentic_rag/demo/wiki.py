@@ -337,8 +337,10 @@ def run(s: WikiSettings) -> dict[str, Any]:
     print(f"   SFT greedy EM {_em(before):.3f} (multi-hop {multi_text}), searches/q "
           f"{before['searches_per_question']:.2f} ({time.perf_counter() - t:.0f} s)", flush=True)
     t = _step(f"6. GRPO from the SFT adapter and the shuffled-reward control, seeds {s.seeds}")
-    # the runs validate every few steps and at their end; their common start is the SFT evaluation above
-    overrides = {"logging.validation_file": s.validation_file, "logging.validation_at_start": "false"}
+    # the runs validate every few steps; their common start is the SFT evaluation above and their end the evaluation
+    # of final/ in step 7 (the same greedy rollouts on the same questions: validating them twice costs minutes)
+    overrides = {"logging.validation_file": s.validation_file, "logging.validation_at_start": "false",
+                 "logging.validation_at_end": "false"}
     if s.tiny:  # the tiny SFT model is a whole model directory with a word-level tokenizer and no chat template
         overrides.update({"model.adapter": "", "prompt.chat_template": "false"})
     dirs: dict[tuple[int, bool], Path] = {}
@@ -397,7 +399,9 @@ def run(s: WikiSettings) -> dict[str, Any]:
         "sft_sampled_two_hop": behaviour and {"questions": behaviour["n"], **behaviour.get("samples", {})},
         "reward_first5_last5": {k: [_mean(v[:5]), _mean(v[-5:])] for k, v in curves.items()},
         "training_curves": {names[j]: training_curves(dirs[j]) for j in dirs},
-        "validation_curves": {names[j]: [start_point(before), *validation_curve(dirs[j])] for j in dirs},
+        "validation_curves": {names[j]: [eval_point(before, 0, "eval/sft"), *validation_curve(dirs[j]),
+                                         eval_point(results[j], len(curves[names[j]]), f"eval/{dirs[j].name}")]
+                              for j in dirs},
         "held_out_questions": task["kept"]["validation"],
         "trajectories": stats,
         "hotpotqa": {n: kind_row(n, summ) for n, summ in hotpot.items()},
@@ -424,13 +428,14 @@ def run(s: WikiSettings) -> dict[str, Any]:
     return summary
 
 
-def start_point(summary: dict[str, Any]) -> dict[str, Any]:
-    """The SFT start's evaluation as step 0 of a validation curve (the runs do not validate it again)."""
-    point = {"step": 0, "eval/em": summary["metrics"]["em"], "eval/f1": summary["metrics"]["f1"],
+def eval_point(summary: dict[str, Any], step: int, source: str) -> dict[str, Any]:
+    """An evaluation (``eval/<name>/summary.json``) as one point of a validation curve: the SFT start's at step 0,
+    a run's final adapter's at its last step (the runs validate neither again)."""
+    point = {"step": step, "eval/em": summary["metrics"]["em"], "eval/f1": summary["metrics"]["f1"],
              "eval/searches": summary["searches_per_question"]}
     for kind, value in summary.get("by_kind", {}).items():
         point[f"eval/em_{kind}"] = value["metrics"]["em"]
-    return {**point, "source": "eval/sft"}
+    return {**point, "source": source}
 
 
 def validation_curve(run_dir: Path) -> list[dict[str, Any]]:

@@ -100,11 +100,12 @@ def score(trajs: list[Any], rows: list[dict[str, Any]]) -> dict[str, float]:
 
 class ValidationEval(TrainerCallback):
     """Greedy validation every ``every`` optimizer steps and at the end, and before the first step unless
-    ``at_start`` is false (see the module docstring)."""
+    ``at_start`` is false; ``at_end`` false: none after the last step, even on the ``every`` grid (see the module
+    docstring)."""
 
     def __init__(self, trainer_ref: list, path: str | Path, every: int, output_dir: str | Path,
-                 limit: int | None = None, stream: Any = None, at_start: bool = True):
-        self.trainer_ref, self.every, self.at_start = trainer_ref, every, at_start
+                 limit: int | None = None, stream: Any = None, at_start: bool = True, at_end: bool = True):
+        self.trainer_ref, self.every, self.at_start, self.at_end = trainer_ref, every, at_start, at_end
         self.rows = read_validation(path, limit)
         self.out = Path(output_dir) / "validation.jsonl"
         self.stream = stream
@@ -146,7 +147,8 @@ class ValidationEval(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         # before the step is logged: the numbers join the step's log entry (log history, SwanLab)
-        if self.every and state.global_step % self.every == 0 or state.global_step == state.max_steps:
+        last = state.global_step == state.max_steps
+        if (self.at_end or not last) and (self.every and state.global_step % self.every == 0 or last):
             metrics = self._run(state)
             trainer = self.trainer_ref[0]
             for key, value in metrics.items():

@@ -334,7 +334,8 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     if cfg.logging.validation_file:
         callbacks.append(ValidationEval(trainer_ref, cfg.logging.validation_file, cfg.logging.validation_every, out,
                                         limit=cfg.logging.validation_limit,
-                                        at_start=cfg.logging.validation_at_start))
+                                        at_start=cfg.logging.validation_at_start,
+                                        at_end=cfg.logging.validation_at_end))
     from .model import quiet_adapter_saves
 
     trainer = AgenticGRPOTrainer(
