@@ -262,3 +262,22 @@ def test_console_lines_are_found_behind_the_progress_bar():
     assert console_part("[validation] step 4  em 0.450\n") == "[validation] step 4  em 0.450"
     assert console_part("WARNING collapse guard: entropy 0.01\n") == "WARNING collapse guard: entropy 0.01"
     assert console_part("{'loss': '0.1', 'grad_norm': '0.05'}\n") == ""
+
+
+def test_dashboard_adds_the_validation_points_measured_outside_the_trainer(tmp_path):
+    """The wiki runs validate neither their SFT start nor their final adapter (the quick start evaluates both):
+    the dashboard logs those evaluations at steps 0 and N beside the trainer's own validation at step 2, so
+    SwanLab shows the whole greedy curve."""
+    from agentic_rag.demo.report import dashboard
+
+    (tmp_path / "settings.json").write_text("{}")
+    run = tmp_path / "runs" / "seed0-grpo"
+    run.mkdir(parents=True)
+    history = [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.6, "eval/em": 0.4}, {"step": 3, "reward": 0.7}]
+    (run / "train_summary.json").write_text(json.dumps({"log_history": history}))
+    evals = [{"step": 0, "eval/em": 0.3, "source": "eval/sft"}, {"step": 3, "eval/em": 0.5, "source": "eval/run"}]
+    log_dir = dashboard(tmp_path, {"GRPO seed 0": run}, evals={"GRPO seed 0": evals})
+    series = []
+    for log in log_dir.glob("run-*/logs/*/*.log"):
+        series.append([(e["index"], e["data"]) for e in map(json.loads, log.read_text().splitlines())])
+    assert sorted(series) == [[(0, 0.3), (2, 0.4), (3, 0.5)], [(1, 0.5), (2, 0.6), (3, 0.7)]]

@@ -18,10 +18,12 @@ from ..rewards.registry import metric_value
 REWARD_WEIGHTS = {"em": 1.0, "well_formed": 0.2}
 
 
-def dashboard(out: Path, runs: dict[str, Path]) -> Path:
+def dashboard(out: Path, runs: dict[str, Path], evals: dict[str, list[dict[str, Any]]] | None = None) -> Path:
     """One SwanLab dashboard with every run side by side: each run's logged metrics (its trainer's log history,
     the numbers TRL handed to SwanLab during training) written again, one experiment per run, into a fresh
-    local-mode log directory. Each run's own log, written live, stays in ``runs/<name>/swanlog``."""
+    local-mode log directory. Each run's own log, written live, stays in ``runs/<name>/swanlog``. ``evals``: per run,
+    validation points measured outside its trainer (``step`` and ``eval/*`` numbers, e.g. the SFT start at step 0
+    and the evaluation of its final adapter), logged at their steps beside the trainer's own validations."""
     import swanlab
 
     log_dir = out / "swanlog"
@@ -33,7 +35,8 @@ def dashboard(out: Path, runs: dict[str, Path]) -> Path:
         for name, run_dir in runs.items():
             history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
             swanlab.init(project="quickstart", name=name, mode="local", log_dir=str(log_dir), config=settings)
-            for entry in history:
+            extra = (evals or {}).get(name, [])
+            for entry in sorted([*history, *extra], key=lambda e: e.get("step", 0)):
                 scalars = {k: v for k, v in entry.items() if k not in ("step", "epoch")
                            and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
                 if "step" in entry and scalars:

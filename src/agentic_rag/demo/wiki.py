@@ -384,7 +384,12 @@ def run(s: WikiSettings) -> dict[str, Any]:
     names = {(seed, c): f"{'control' if c else 'GRPO'} seed {seed}" for seed, c in dirs}
     curves = {names[j]: reward_curve(dirs[j]) for j in dirs}
     plot(curves, s.out / "reward_curve.png")
-    log_dir = dashboard(s.out, {names[j]: dirs[j] for j in dirs})
+    # each run's greedy validation curve: the SFT evaluation at step 0, the run's own validations, the evaluation of
+    # its final adapter at its last step
+    validation = {names[j]: [eval_point(before, 0, "eval/sft"), *validation_curve(dirs[j]),
+                             eval_point(results[j], len(curves[names[j]]), f"eval/{dirs[j].name}")] for j in dirs}
+    log_dir = dashboard(s.out, {names[j]: dirs[j] for j in dirs},
+                        evals={n: [p for p in curve if "source" in p] for n, curve in validation.items()})
     summary = {
         "task": "wiki",
         "seeds": s.seeds,
@@ -399,9 +404,7 @@ def run(s: WikiSettings) -> dict[str, Any]:
         "sft_sampled_two_hop": behaviour and {"questions": behaviour["n"], **behaviour.get("samples", {})},
         "reward_first5_last5": {k: [_mean(v[:5]), _mean(v[-5:])] for k, v in curves.items()},
         "training_curves": {names[j]: training_curves(dirs[j]) for j in dirs},
-        "validation_curves": {names[j]: [eval_point(before, 0, "eval/sft"), *validation_curve(dirs[j]),
-                                         eval_point(results[j], len(curves[names[j]]), f"eval/{dirs[j].name}")]
-                              for j in dirs},
+        "validation_curves": validation,
         "held_out_questions": task["kept"]["validation"],
         "trajectories": stats,
         "hotpotqa": {n: kind_row(n, summ) for n, summ in hotpot.items()},
