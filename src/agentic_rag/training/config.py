@@ -239,10 +239,10 @@ class LoggingConfig:
     validation_at_start: bool = setting(True, "also validate before the first step (the curve's starting point); "
                                               "false when that start was measured already (runs from one SFT "
                                               "adapter), which saves one validation a run")
-    validation_at_end: bool = setting(True, "also validate after the last step, even off the validation_every "
-                                            "grid; false when the final adapter is evaluated anyway (the wiki "
-                                            "quick start evaluates every run's final/), which saves one "
-                                            "validation a run")
+    validation_at_end: bool = setting(True, "validate after the last step (true: even off the validation_every "
+                                            "grid; false: not even on it); false when the final adapter is "
+                                            "evaluated anyway (the wiki quick start evaluates every run's "
+                                            "final/), which saves one validation a run")
 
 
 @dataclass
