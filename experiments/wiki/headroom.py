@@ -7,8 +7,9 @@ does. Prints one JSON line: those counts and the whole greedy-right x samples-ri
         outputs/quickstart_wiki/eval/sft_sampled_multi_hop/predictions.jsonl
 
 RL with verifiable rewards rarely reaches beyond what its starting policy samples (Yue et al. 2025, *Does
-reinforcement learning really incentivize reasoning capacity beyond the base model?*), so the first count bounds
-what a few GRPO steps can add to greedy EM on these questions.
+reinforcement learning really incentivize reasoning capacity beyond the base model?*), so the first count is what
+a few GRPO steps have to work with on these questions; it grows with N (rare right draws), so compare counts at the
+same N.
 """
 
 from __future__ import annotations

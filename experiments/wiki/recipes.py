@@ -81,7 +81,7 @@ def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
     """The overrides of one recipe, with its training file written when it trains on some kinds only."""
     r = RECIPES[name]
     sets = {"logging.validation_every": EVERY, "logging.validation_at_start": "false", "algorithm.max_steps": STEPS,
-            "logging.validation_at_end": "true", "logging.validation_file": s.validation_file, **r["sets"]}
+            "logging.validation_file": s.validation_file, **r["sets"]}
     kinds = r.get("kinds")
     if kinds:
         path = s.out / "data" / f"train_{'_'.join(kinds)}.jsonl"
