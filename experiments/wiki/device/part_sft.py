@@ -1,9 +1,10 @@
 """SFT of the real model on a random part of the wiki quick start's gold trajectories, on the lent GPU: a weaker
 SFT start for GRPO to climb from (the full epoch saturates what 12 GRPO steps can move). The quick start's own SFT
-settings (LoRA r 16, alpha 32, lr 5e-4, batch 8, length-grouped, 1 epoch) except the number of trajectories and
-no gradient checkpointing (the GPU has the memory).
+settings (LoRA r 16, alpha 32, lr 5e-4, batch 8, length-grouped) except the number of trajectories, the number of
+epochs (1 unless given) and no gradient checkpointing (the GPU has the memory). N at least the file's 764 lines takes
+them all: a stronger start, with EPOCHS > 1. Writes OUT_DIR.done when the adapter is complete (sweep.py waits on it).
 
-    python3 part_sft.py N OUT_DIR   (reads .devdata/sft_data.jsonl and its settings sidecar)
+    python3 part_sft.py N OUT_DIR [EPOCHS]   (reads .devdata/sft_data.jsonl and its settings sidecar)
 """
 
 import json
@@ -16,9 +17,10 @@ from agentic_rag.demo import wiki
 from agentic_rag.training.sft import run_sft
 
 n, out = int(sys.argv[1]), Path(sys.argv[2])
+epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 lines = open(".devdata/sft_data.jsonl").readlines()
 part = Path(f"/tmp/sft_part{n}.jsonl")
-part.write_text("".join(random.Random(0).sample(lines, n)))
+part.write_text("".join(random.Random(0).sample(lines, min(n, len(lines)))))
 shutil.copy(".devdata/sft_data.jsonl.settings.json", f"{part}.settings.json")
 s = wiki.WikiSettings(out=Path("/tmp/part_sft"), seeds=[0])
 summary = run_sft(
@@ -27,7 +29,7 @@ summary = run_sft(
     output_dir=str(out),
     rollout=wiki._rollout(s),
     prompt=wiki._prompt(s),
-    epochs=1,
+    epochs=epochs,
     learning_rate=5e-4,
     seed=0,
     resume=None,
@@ -40,4 +42,6 @@ summary = run_sft(
     logging_steps=1,
     group_by_length=True,
 )
-print(json.dumps({"n": n, "train_runtime": summary.get("train_runtime_s"), "loss": summary.get("train_loss")}))
+Path(f"{out}.done").write_text("")
+print(json.dumps({"n": n, "epochs": epochs, "train_runtime": summary.get("train_runtime_s"),
+                  "loss": summary.get("train_loss")}))

@@ -5,7 +5,10 @@ curves come back as one JSON line, the logs and per-question answers in ``$OUT/s
 
     python3 sweep.py DEADLINE_S STEPS   (from the repository root, see README.md)
 
-RECIPES=a,b@1,c+half picks the runs: @N a seed, +X the adapter in /tmp/sft_X (part_sft.py) instead of the SFT's.
+RECIPES=a,b@1,c+half picks the runs: @N a seed, +X the adapter in /tmp/sft_X (part_sft.py) instead of the SFT's; a
+run whose /tmp/sft_X is still being trained (part_sft.py started beside this script) starts once /tmp/sft_X.done
+appears. The ``cur`` recipes train on ``$SCREEN_DATA/train_cur.jsonl`` (the training questions the SFT start answers
+wrong greedily, made off the device).
 
 Search is experiments/wiki/device/sitecustomize.py's bm25s stand-in for Pyserini.
 """
@@ -54,6 +57,14 @@ RECIPES = {
     "b16g8_lr2e4": {**BIG, "algorithm.learning_rate": "2e-4"},
     "b16g8_multi": {**BIG, "data.train_file": "MULTI"},  # the multi-hop training questions only
 }
+# the questions greedy misses, 8 of them x 16 rollouts a step (right answers there are rare draws), groups without
+# signal dropped and refilled (DAPO's dynamic sampling)
+CUR = {**BIG, "algorithm.num_generations": 16, "algorithm.dynamic_sampling": "true", "data.train_file": "CUR"}
+RECIPES |= {
+    "cur": CUR,
+    "cur_control": {**CUR, "algorithm.shuffle_rewards": "true"},
+    "cur_f1": {**CUR, "rewards": F1},
+}
 
 
 def main() -> None:
@@ -67,13 +78,14 @@ def main() -> None:
     names = os.environ.get("RECIPES", ",".join(RECIPES)).split(",")
     multi = Path("/tmp/train_multi_hop.jsonl")
     multi.write_text("".join(x for x in open(f"{DATA}/train.jsonl") if json.loads(x)["kind"] == "multi_hop"))
-    procs = {}
+    files = {"MULTI": multi, "CUR": Path(DATA, "train_cur.jsonl")}
+    procs, waiting = {}, {}
     for n, name in enumerate(names):
         name_start, _, start = name.partition("+")  # "+X": from the adapter in /tmp/sft_X (part_sft.py)
         recipe, _, seed = name_start.partition("@")
         adapter = f"/tmp/sft_{start}" if start else os.environ.get("ADAPTER", f"{DATA}/sft")
         first = not any(x.partition("+")[2] == start for x in names[:n])
-        extra = {k: (multi if v == "MULTI" else v) for k, v in RECIPES[recipe].items()}
+        extra = {k: files.get(v, v) if isinstance(v, str) else v for k, v in RECIPES[recipe].items()}
         sets = {
             "model.name_or_path": "smollm2-135m-instruct",
             "model.tokenizer": "smollm2-135m-instruct",
@@ -102,9 +114,15 @@ def main() -> None:
         ]
         for key, value in sets.items():
             cmd += ["--set", f"{key}={value}"]
-        env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu")
-        procs[name] = subprocess.Popen(cmd, stdout=open(runs / f"{name}.log", "w"), stderr=subprocess.STDOUT, env=env)
-    while time.time() < deadline and any(p.poll() is None for p in procs.values()):
+        waiting[name] = (Path(f"{adapter}.done") if start else None, cmd)
+        (runs / f"{name}.log").write_text("")
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu")
+    while time.time() < deadline and (waiting or any(p.poll() is None for p in procs.values())):
+        for name, (done, cmd) in list(waiting.items()):
+            if done is None or done.exists():
+                log = open(runs / f"{name}.log", "w")
+                procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                del waiting[name]
         time.sleep(10)
         at = [f"{name}:{(STEP.findall((runs / f'{name}.log').read_text()) or ['0'])[-1]}" for name in names]
         print(int(time.time()), " ".join(at), flush=True)
@@ -118,7 +136,7 @@ def main() -> None:
             vf = runs / name / "validation.jsonl"
             vals = [json.loads(x) for x in vf.read_text().splitlines()] if vf.is_file() else []
             result[name] = {
-                "rc": procs[name].returncode,
+                "rc": procs[name].returncode if name in procs else "not started",
                 "val": {
                     v["step"]: [
                         round(v["eval/em"], 3),
