@@ -85,3 +85,51 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
     assert "steps in" not in again.stdout
+
+
+def test_real_model_sft_runs_under_the_cpu_autocast_setting(tmp_path, monkeypatch):
+    """The real model's SFT is the quick start's longest part: it runs under ``sft_cpu_autocast`` (``auto``: bf16
+    where the CPU has it natively), which the output directory's settings record, so a run made in fp32 is not
+    resumed in bf16; the tiny model's full fine-tune stays fp32."""
+    from agentic_rag.demo import wiki
+    from agentic_rag.training import sft as sft_module
+
+    seen = []
+
+    def fake_run_sft(**kw):
+        seen.append(kw)
+        Path(kw["output_dir"]).mkdir(parents=True)  # where the real one writes the adapter
+        return {"steps": 0}
+
+    monkeypatch.setattr(sft_module, "run_sft", fake_run_sft)
+    real = wiki.WikiSettings(out=tmp_path / "real", seeds=[0])
+    assert real.sft_cpu_autocast == "auto"
+    wiki.sft(real, "smollm2-135m-instruct")
+    assert seen[-1]["cpu_autocast"] == "auto" and seen[-1]["lora_r"] == 16
+    wiki.sft(wiki.WikiSettings(out=tmp_path / "fp32", seeds=[0], sft_cpu_autocast="none"), "smollm2-135m-instruct")
+    assert seen[-1]["cpu_autocast"] == "none"
+    wiki.sft(wiki.WikiSettings.for_tiny(out=tmp_path / "tiny", seeds=[0]), "tiny")
+    assert seen[-1]["full"] is True and "cpu_autocast" not in seen[-1]
+
+    fresh = wiki.WikiSettings(out=tmp_path / "fresh", seeds=[0])
+    wiki.check_settings(fresh)
+    assert json.loads((fresh.out / "settings.json").read_text())["sft_cpu_autocast"] == "auto"
+    with pytest.raises(SystemExit, match="sft_cpu_autocast"):
+        wiki.check_settings(wiki.WikiSettings(out=fresh.out, seeds=[0], sft_cpu_autocast="none"))
+
+
+def test_quickstart_sft_cpu_autocast_flag(tmp_path, monkeypatch, capsys):
+    """``--sft-cpu-autocast`` reaches the wiki settings; the world task and the tiny model refuse it."""
+    from agentic_rag.demo import quickstart, wiki
+
+    got = []
+    monkeypatch.setattr(wiki, "run", lambda ws: got.append(ws) or True)
+    assert quickstart.main(["--task", "wiki", "--sft-cpu-autocast", "none", "--out", str(tmp_path / "o")]) == 0
+    assert got[-1].sft_cpu_autocast == "none" and not got[-1].tiny
+    assert quickstart.main(["--task", "wiki", "--out", str(tmp_path / "o")]) == 0
+    assert got[-1].sft_cpu_autocast == "auto"
+    for argv in (["--sft-cpu-autocast", "bf16"], ["--task", "wiki", "--tiny", "--sft-cpu-autocast", "bf16"]):
+        with pytest.raises(SystemExit) as exc:
+            quickstart.main(argv + ["--out", str(tmp_path / "x")])
+        assert exc.value.code == 2
+    assert "--sft-cpu-autocast" in capsys.readouterr().err
