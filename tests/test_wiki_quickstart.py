@@ -36,6 +36,7 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
         assert key in summary, key
     assert summary["held_out_questions"] == 8 and summary["settings"]["grpo_steps"] == 3
     assert summary["trajectories"]["trajectories"] == 8
+    assert json.loads((out / "sft" / "sft_summary.json").read_text())["cpu_bf16_autocast"] is False  # tiny: fp32
     assert Path(summary["index"], "manifest.json").is_file()
     adapters = summary["adapters"]
     assert Path(adapters["sft"], "config.json").is_file()  # the tiny model's SFT is a whole model

@@ -246,7 +246,8 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
                "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
                                                                                           for e in examples),
                "steps": trainer.state.global_step, "resumed_from": checkpoint,
-               "train_runtime_s": result.metrics.get("train_runtime"), "peak_rss_mb": round(peak_rss_mb(), 1)}
+               "train_runtime_s": result.metrics.get("train_runtime"), "peak_rss_mb": round(peak_rss_mb(), 1),
+               "cpu_bf16_autocast": bool(trainer.args.bf16)}  # what cpu_autocast resolved to on this machine
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
     replace_dir(partial, final)
     return summary

@@ -371,6 +371,11 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
         import swanlab
 
         swanlab.finish()
+    # a process that exits with its process group alive can abort in the group's destructor ("terminate called
+    # without an active exception", exit -6, seen once on a finished 2-process ZeRO-3 run): the launcher then
+    # reports a completed run as failed. Destroy it once every process is done (a no-op without one).
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return {"global_step": trainer.state.global_step, "adapter": str(final), "swanlab_log_dir": log_dir}
 
 
