@@ -1,6 +1,7 @@
 """The quick start's wiki task: real 2WikiMultiHopQA questions over a real Wikipedia corpus (issue 31).
 
     bash script/quickstart.sh --task wiki [--seeds N] [--out DIR] [--steps N] [--tiny] [--questions N]
+                                          [--sft-cpu-autocast auto|bf16|none]
 
 The same pipeline as the fictional world's (:mod:`agentic_rag.demo.quickstart`), on the 2Wiki files of
 ``../shared/data`` (:mod:`agentic_rag.data.wiki` says how each piece is made). Each step is skipped when its output
@@ -13,7 +14,8 @@ is complete, so a second run (or one after a crash) goes on where the last one s
    engine and index (:func:`agentic_rag.data.trajectories.make_trajectories`), with per-hop gold-hit rates;
 4. baselines, Search-R1's Table 2 in miniature: the base model closed book (``direct``), with the question's
    passages in its prompt (``naive_rag``), and prompted as an agent with the dialect's full instructions;
-5. LoRA SFT on the gold trajectories (checkpointed: an interrupted SFT resumes), then the SFT model greedy, and
+5. LoRA SFT on the gold trajectories (checkpointed: an interrupted SFT resumes; on a CPU with native bf16 under
+   bf16 autocast, ``--sft-cpu-autocast``), then the SFT model greedy, and
    sampled (``--samples``, 4 rollouts) on the first 32 multi-hop validation questions: what GRPO has to work with;
 6. per seed, GRPO from the SFT adapter (``experiments/training/wiki_grpo_smollm2.yaml``, greedy validation EM
    in the log every few steps) and its shuffled-reward control (judged by its final evaluation alone);
