@@ -86,4 +86,3 @@ def test_wiki_quickstart_end_to_end_small(tmp_path):
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["em_after"] == summary["em_after"]
     assert "steps in" not in again.stdout
-

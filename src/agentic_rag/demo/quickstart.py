@@ -45,6 +45,7 @@ from typing import Any
 from ..argtypes import Parser, positive_float, positive_int
 from ..errors import guarded
 from ..logs import configure_logging
+from ..training.machine import CPU_AUTOCAST
 from .console import eval_progress, run_logged
 from .report import (
     _mean,
@@ -533,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hotpotqa", action="store_true",
                     help="--task wiki: also evaluate the SFT and GRPO adapters on HotpotQA dev (100 questions, an "
                          "index of their own paragraphs)")
-    ap.add_argument("--sft-cpu-autocast", choices=("auto", "bf16", "none"), default=None,
+    ap.add_argument("--sft-cpu-autocast", choices=CPU_AUTOCAST, default=None,
                     help="--task wiki: the real model's SFT on a CPU in bf16 (torch.autocast) or fp32 (none); "
                          "default auto: bf16 where the CPU computes it natively (AVX512-BF16, AMX), about half "
                          "the time of fp32 there")
