@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     refused (``resume=None``: continue one if there is one, as the quick start does). ``progress``: one console
     line per step (step i/N, loss, seconds a step, time left)."""
     from ..errors import UserError
+    from ..malloc import heap_for_blocks_below
     from ..models import save_model
     from ..outputs import mark_dir, replace_dir
     from .progress import ProgressLine
@@ -226,7 +228,9 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
         save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None, cpu_autocast=cpu_autocast)
     if checkpoint:
         log.info("resuming SFT from %s", checkpoint)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
+    with heap_for_blocks_below() if trainer.args.bf16 and trainer.args.use_cpu else nullcontext():
+        result = trainer.train(resume_from_checkpoint=checkpoint)
     for old in partial.glob("checkpoint-*"):
         shutil.rmtree(old)  # done: the checkpoints served their purpose, the output is what stays
     if full:
