@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not (shared_data_dir() / "hipporag").is_dir(), r
 def test_wiki_quickstart_end_to_end_small(tmp_path):
     out = tmp_path / "wiki"
     cmd = [sys.executable, "-m", "agentic_rag.demo.quickstart", "--task", "wiki", "--tiny", "--questions", "8",
-           "--steps", "3", "--sft-epochs", "2", "--out", str(out)]
+           "--steps", "3", "--sft-epochs", "2", "--random-passages", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -539,15 +539,21 @@ def main(argv: list[str] | None = None) -> int:
                          "default auto: bf16 where the CPU computes it natively (AVX512-BF16, AMX), about half "
                          "the time of fp32 there")
     ap.add_argument("--no-ablations", action="store_true",
-                    help="--task wiki: skip the GRPO adapter's search-off and random-passage evaluations")
+                    help="--task wiki: skip the GRPO and SFT adapters' search-off evaluations")
+    ap.add_argument("--random-passages", action="store_true",
+                    help="--task wiki: also evaluate the GRPO and SFT adapters searching an index that returns random "
+                         "passages (about 11 more minutes on 2 cores)")
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
     args = ap.parse_args(argv)
     wiki = args.task == "wiki"
-    if not wiki and (args.questions is not None or args.hotpotqa or args.no_ablations
+    if not wiki and (args.questions is not None or args.hotpotqa or args.no_ablations or args.random_passages
                      or args.sft_cpu_autocast is not None):
-        ap.error("--questions, --hotpotqa, --sft-cpu-autocast and --no-ablations are for --task wiki")
+        ap.error("--questions, --hotpotqa, --sft-cpu-autocast, --no-ablations and --random-passages are for "
+                 "--task wiki")
+    if args.no_ablations and args.random_passages:
+        ap.error("--random-passages adds ablation rows; --no-ablations skips them all: pass one of the two")
     if wiki and (args.two_hop_correct is not None or args.sft_batches is not None):
         ap.error("--two-hop-correct and --sft-batches are for the world task")
     seeds = args.seeds if args.seeds is not None else (3 if args.tiny and not wiki else 1)
@@ -561,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         from .wiki import WikiSettings
         from .wiki import run as run_wiki
 
-        kw.update(questions=args.questions, hotpotqa=args.hotpotqa, ablations=not args.no_ablations)
+        kw.update(questions=args.questions, hotpotqa=args.hotpotqa, ablations=not args.no_ablations,
+                  random_passages=args.random_passages)
         ws = WikiSettings.for_tiny(**kw) if args.tiny else WikiSettings(model=args.model, **kw)
         if args.sft_epochs is not None:
             ws.sft_epochs = args.sft_epochs

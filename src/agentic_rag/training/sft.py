@@ -21,6 +21,7 @@ built.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -188,7 +189,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     refused (``resume=None``: continue one if there is one, as the quick start does). ``progress``: one console
     line per step (step i/N, loss, seconds a step, time left)."""
     from ..errors import UserError
-    from ..malloc import heap_for_blocks_below
+    from ..malloc import heap_for_blocks_below, trim_heap
     from ..models import save_model
     from ..outputs import mark_dir, replace_dir
     from .progress import ProgressLine
@@ -229,7 +230,8 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     if checkpoint:
         log.info("resuming SFT from %s", checkpoint)
     # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
-    with heap_for_blocks_below() if trainer.args.bf16 and trainer.args.use_cpu else nullcontext():
+    stretch = trainer.args.bf16 and trainer.args.use_cpu
+    with heap_for_blocks_below() if stretch else nullcontext():
         result = trainer.train(resume_from_checkpoint=checkpoint)
     for old in partial.glob("checkpoint-*"):
         shutil.rmtree(old)  # done: the checkpoints served their purpose, the output is what stays
@@ -254,6 +256,10 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
                "cpu_bf16_autocast": bool(trainer.args.bf16)}  # what cpu_autocast resolved to on this machine
     Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
     replace_dir(partial, final)
+    if stretch:  # the trainer's memory was allocated in the heap: free it and hand it back before the caller goes on
+        del trainer, result
+        gc.collect()
+        trim_heap()
     return summary
 
 
