@@ -20,7 +20,8 @@ is complete, so a second run (or one after a crash) goes on where the last one s
 6. per seed, GRPO from the SFT adapter (``experiments/training/wiki_grpo_smollm2.yaml``, greedy validation EM
    in the log every few steps) and its shuffled-reward control (judged by its final evaluation alone);
 7. every run on the validation split, the first seed's GRPO adapter and the SFT adapter also with search switched
-   off and with a searcher returning random passages (the GRPO gain must vanish: the two rows meet), and, with
+   off and, with ``--random-passages``, with a searcher returning random passages (the GRPO gain must vanish: the
+   two rows meet), and, with
    ``--hotpotqa``, the SFT and GRPO adapters on ``amor-hotpotqa/hotpotqa_dev.jsonl`` over an index of its own
    paragraphs (never trained on);
 8. the table (EM, F1, searches per question, EM per kind and per 2Wiki type), ``summary.json``,
@@ -75,8 +76,8 @@ class WikiSettings(Settings):
     sft_batch_size: int = 8
     sft_group_by_length: bool = True
     # the real model's SFT under bf16 autocast where the CPU computes it natively (AVX512-BF16, AMX; fp32 elsewhere):
-    # 1117 s against 2410 s in fp32 on the 2-core machine, its adapter 0.02 EM below fp32's on the validation split
-    # (4 of 200 questions; experiments/wiki/README.md). "none" gives the fp32 adapter the recorded table was made with
+    # 1187 s against 2350 s in fp32 in the quick start on the 2-core machine, its adapter 0.02 EM below fp32's on the
+    # validation split (4 of 200 questions; experiments/wiki/README.md). "none" gives the fp32 adapter (the older table)
     sft_cpu_autocast: str = "auto"
     behaviour_questions: int = 32  # multi-hop validation questions the SFT model is sampled on (4 rollouts each)
 
