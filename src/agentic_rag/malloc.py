@@ -32,8 +32,9 @@ each): 95 s train time (46 s system CPU), 2.1 GB peak RSS with the threshold at 
 start's SFT ran at ~22 s a step under the 1 MiB threshold against 11.6 s a step with glibc's defaults.
 :func:`heap_for_blocks_below` raises the threshold for such a stretch (SFT under CPU bf16 autocast) and puts it
 back after, handing what the heap then holds free back to the system (``malloc_trim``); what was allocated inside
-and is freed later stays in the heap until :func:`trim_heap` (run_sft calls it once its trainer is gone: without
-that, the wiki quick start's next evaluation peaked at 9.3 GB against 5.8 GB).
+and is freed later stays in the heap until :func:`trim_heap` (run_sft calls it once its trainer is gone). The wiki
+quick start run before that call peaked at 9.3 GB after its SFT (5.9 GB within it), the likeliest cause; the
+peak has not been measured again with it.
 """
 
 from __future__ import annotations

@@ -542,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="--task wiki: skip the GRPO and SFT adapters' search-off evaluations")
     ap.add_argument("--random-passages", action="store_true",
                     help="--task wiki: also evaluate the GRPO and SFT adapters searching an index that returns random "
-                         "passages (about 11 more minutes on 2 cores)")
+                         "passages (about 10 more minutes on 2 cores)")
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")

@@ -65,8 +65,8 @@ class WikiSettings(Settings):
     """The quick start's settings with the wiki task's own: ``questions`` keeps the first N training and
     validation questions (a smoke run; the full splits are 764 and 200), ``hotpotqa`` adds the unseen-dataset
     rows, ``ablations`` the search-off rows (the GRPO and SFT adapters with no search tool), ``random_passages``
-    the random-passage rows too (the same adapters searching an index that returns random passages: 11 more minutes
-    on 2 cores, which would take the quick start past its 90)."""
+    the random-passage rows too (the same adapters searching an index that returns random passages: 9.5 more minutes
+    on 2 cores, which took the quick start past its 90)."""
 
     questions: int | None = None
     hotpotqa: bool = False
