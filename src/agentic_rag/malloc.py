@@ -44,6 +44,7 @@ import ctypes.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 GLIBC_TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above this at the heap's top is given back
@@ -52,6 +53,7 @@ BF16_AUTOCAST_THRESHOLD = 32 << 20  # glibc's own ceiling for its dynamic thresh
 _applied: int | None = None  # the threshold release_freed_memory set in this process, if it did
 
 
+@cache  # find_library runs ldconfig in a subprocess: once a process is enough
 def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if not name:
@@ -101,7 +103,7 @@ def heap_for_blocks_below(threshold: int = BF16_AUTOCAST_THRESHOLD) -> Iterator[
     finally:
         libc.mallopt(M_MMAP_THRESHOLD, _applied)
         libc.mallopt(M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
-        libc.malloc_trim(0)
+        trim_heap()
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"

@@ -529,29 +529,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-batches", choices=SFT_BATCHES, default=None,
                     help="how the real model's SFT batches its examples: random (default) or by_length (as before "
                     "2026-11-23; the model then seldom searches twice: experiments/real_model/README.md)")
-    ap.add_argument("--questions", type=positive_int, default=None,
-                    help="--task wiki: the first N training and validation questions only (a smoke run)")
-    ap.add_argument("--hotpotqa", action="store_true",
-                    help="--task wiki: also evaluate the SFT and GRPO adapters on HotpotQA dev (100 questions, an "
-                         "index of their own paragraphs)")
-    ap.add_argument("--sft-cpu-autocast", choices=CPU_AUTOCAST, default=None,
-                    help="--task wiki: the real model's SFT on a CPU in bf16 (torch.autocast) or fp32 (none); "
-                         "default auto: bf16 where the CPU computes it natively (AVX512-BF16, AMX), about half "
-                         "the time of fp32 there")
-    ap.add_argument("--no-ablations", action="store_true",
-                    help="--task wiki: skip the GRPO and SFT adapters' search-off evaluations")
-    ap.add_argument("--random-passages", action="store_true",
-                    help="--task wiki: also evaluate the GRPO and SFT adapters searching an index that returns random "
-                         "passages (about 10 more minutes on 2 cores)")
+    wiki_only = ap.add_argument_group("--task wiki only")
+    wiki_only.add_argument("--questions", type=positive_int, default=None,
+                           help="the first N training and validation questions only (a smoke run)")
+    wiki_only.add_argument("--hotpotqa", action="store_true", help="also evaluate the SFT and GRPO adapters on "
+                           "HotpotQA dev (100 questions, an index of their own paragraphs)")
+    wiki_only.add_argument("--sft-cpu-autocast", choices=CPU_AUTOCAST, default=None,
+                           help="the real model's SFT on a CPU in bf16 (torch.autocast) or fp32 (none); default auto: "
+                                "bf16 where the CPU computes it natively (AVX512-BF16, AMX), about half the time of "
+                                "fp32 there")
+    wiki_only.add_argument("--no-ablations", action="store_true",
+                           help="skip the GRPO and SFT adapters' search-off evaluations")
+    wiki_only.add_argument("--random-passages", action="store_true",
+                           help="also evaluate the GRPO and SFT adapters searching an index that returns random "
+                                "passages (about 10 more minutes on 2 cores)")
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
     args = ap.parse_args(argv)
     wiki = args.task == "wiki"
-    if not wiki and (args.questions is not None or args.hotpotqa or args.no_ablations or args.random_passages
-                     or args.sft_cpu_autocast is not None):
-        ap.error("--questions, --hotpotqa, --sft-cpu-autocast, --no-ablations and --random-passages are for "
-                 "--task wiki")
+    given = [a.option_strings[0] for a in wiki_only._group_actions if getattr(args, a.dest) != a.default]
+    if not wiki and given:
+        ap.error(f"{', '.join(given)} are for --task wiki")
     if args.no_ablations and args.random_passages:
         ap.error("--random-passages adds ablation rows; --no-ablations skips them all: pass one of the two")
     if wiki and (args.two_hop_correct is not None or args.sft_batches is not None):
