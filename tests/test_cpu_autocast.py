@@ -21,6 +21,8 @@ def test_native_bf16_is_read_from_the_cpu_flags():
     assert cpu_has_native_bf16(AVX512_BF16) and cpu_has_native_bf16(AMX)
     assert cpu_bf16("bf16") and not cpu_bf16("none")
     assert cpu_bf16("auto") == cpu_has_native_bf16()
+    with pytest.raises(ValueError, match="bfloat16"):  # a typo is refused, not trained in fp32
+        cpu_bf16("bfloat16")
 
 
 @pytest.mark.parametrize("setting", ["none", "bf16"])
@@ -57,3 +59,35 @@ def test_sft_under_bf16_autocast_trains_the_fp32_adapter(tmp_path, tiny_model_di
     assert torch.bfloat16 in seen and json.dumps(result.training_loss) != "NaN"
     changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, lora[n])]
     assert changed and all(p.dtype == torch.float32 for p in trainer.model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("setting", ["none", "bf16"])
+def test_grpo_under_cpu_bf16_trains_inside_a_heap_stretch(tmp_path, monkeypatch, tiny_model_dir, world_dir, setting):
+    """Under CPU bf16 autocast the 1 MiB mmap threshold maps every weight copy anew (agentic_rag.malloc): a GRPO run
+    trains inside heap_for_blocks_below, and only then."""
+    from contextlib import contextmanager
+
+    from agentic_rag import malloc
+    from agentic_rag.training.config import config_from_dict
+    from agentic_rag.training.train import run
+
+    entered = []
+    real = malloc.heap_for_blocks_below
+
+    @contextmanager
+    def recorded(*a, **k):
+        with real(*a, **k) as changed:
+            entered.append(changed)
+            yield changed
+    monkeypatch.setattr(malloc, "heap_for_blocks_below", recorded)
+    cfg = config_from_dict({
+        "model": {"name_or_path": str(tiny_model_dir), "gradient_checkpointing": False, "lora_r": 4,
+                  "cpu_autocast": setting},
+        "data": {"train_file": str(world_dir / "world" / "train.jsonl"), "limit": 4},
+        "search": {"index": str(world_dir / "index")},
+        "rollout": {"max_turns": 2, "max_tokens_per_turn": 12, "max_completion_tokens": 96, "passages_per_search": 1,
+                    "max_observation_tokens": 48},
+        "algorithm": {"num_generations": 2, "per_device_train_batch_size": 4, "max_steps": 1},
+        "logging": {"swanlab_mode": "disabled"}, "checkpoint": {"output_dir": str(tmp_path / "run")}}, env={})
+    assert run(cfg)["global_step"] == 1
+    assert len(entered) == (setting == "bf16")

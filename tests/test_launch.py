@@ -231,6 +231,27 @@ def test_sft_masks_environment_tokens_and_trains(tmp_path, tiny_model_dir, world
         read_examples(tmp_path / "sft.jsonl", tok)
 
 
+def test_sft_apart_trains_in_a_fresh_process_and_reports_its_errors(tmp_path, monkeypatch, capfd, tiny_model_dir,
+                                                                     world_dir, qwen_tokenizer):
+    """run_sft_apart: the same SFT in a spawned process (the wiki quick start's, whose heap would otherwise stay with
+    its evaluations); this process's run_sft is never called, and a child's user error is its one line there and a
+    UserError here."""
+    from agentic_rag.errors import UserError
+    from agentic_rag.training import sft as sft_module
+
+    data, _, _ = sft_file(tmp_path, qwen_tokenizer, world_dir)
+    monkeypatch.setattr(sft_module, "run_sft", lambda **kw: pytest.fail("ran in this process"))
+    kw = dict(model=str(tiny_model_dir), output_dir=str(tmp_path / "sft"), epochs=1, learning_rate=5e-3,
+              batch_size=4, lora_r=4, lora_alpha=8, save_steps=0, progress=False)
+    summary = sft_module.run_sft_apart(data=str(data), **kw)
+    assert summary["examples"] == 7 and summary["steps"] == 2
+    assert (tmp_path / "sft" / "adapter_config.json").is_file()
+    assert summary == json.loads((tmp_path / "sft" / "sft_summary.json").read_text())
+    with pytest.raises(UserError, match=r"the SFT process stopped \(exit 2\)"):
+        sft_module.run_sft_apart(data=str(tmp_path / "missing.jsonl"), **kw)
+    assert "sft: error:" in capfd.readouterr().err
+
+
 def test_sft_trainer_batches_put_no_label_on_environment_tokens(tmp_path, tiny_model_dir, world_dir, qwen_tokenizer):
     """What SFTTrainer really trains on: its collated batch has label -100 on the prompt, on every observation
     token and on padding, the token itself everywhere else; its loss is the cross-entropy of the model-written

@@ -26,20 +26,23 @@ def test_real_model_sft_runs_under_the_cpu_autocast_setting(tmp_path, monkeypatc
         return {"steps": 0}
 
     monkeypatch.setattr(sft_module, "run_sft", fake_run_sft)
+    monkeypatch.setattr(sft_module, "run_sft_apart", lambda **kw: fake_run_sft(apart=True, **kw))
     real = wiki.WikiSettings(out=tmp_path / "real", seeds=[0])
     assert real.sft_cpu_autocast == "auto"
     wiki.sft(real, "smollm2-135m-instruct")
-    assert seen[-1]["cpu_autocast"] == "auto" and seen[-1]["lora_r"] == 16
+    assert seen[-1]["cpu_autocast"] == "auto" and seen[-1]["lora_r"] == 16 and seen[-1]["apart"]
     wiki.sft(wiki.WikiSettings(out=tmp_path / "fp32", seeds=[0], sft_cpu_autocast="none"), "smollm2-135m-instruct")
     assert seen[-1]["cpu_autocast"] == "none"
     wiki.sft(wiki.WikiSettings.for_tiny(out=tmp_path / "tiny", seeds=[0]), "tiny")
-    assert seen[-1]["full"] is True and "cpu_autocast" not in seen[-1]
+    assert seen[-1]["full"] is True and "cpu_autocast" not in seen[-1] and "apart" not in seen[-1]
 
     fresh = wiki.WikiSettings(out=tmp_path / "fresh", seeds=[0])
     wiki.check_settings(fresh)
     assert json.loads((fresh.out / "settings.json").read_text())["sft_cpu_autocast"] == "auto"
     with pytest.raises(SystemExit, match="sft_cpu_autocast"):
         wiki.check_settings(wiki.WikiSettings(out=fresh.out, seeds=[0], sft_cpu_autocast="none"))
+    with pytest.raises(ValueError, match="bfloat16"):  # a typo is refused, not trained in fp32
+        wiki.WikiSettings(out=fresh.out, seeds=[0], sft_cpu_autocast="bfloat16")
 
 
 def test_quickstart_sft_cpu_autocast_flag(tmp_path, monkeypatch, capsys):

@@ -19,8 +19,9 @@ the quick start sets it) and trains ``--steps`` optimizer steps of ``experiments
   micro-batch scored over its own width (``group_by_length``, ``used_columns``).
 * ``trl_order``: the same with both turned off (TRL's shuffled micro-batches, every one as wide as the batch).
 
-Measured per variant: seconds in the rollout (generation, search), in the scoring forward passes
-(``_get_per_token_logps_and_entropies``) and in the rest of each step (backward, optimizer); the median of TRL's
+Measured per variant, seconds an optimizer step: in the rollout (generation, search), in the scoring forward passes
+(``_get_per_token_logps_and_entropies``), in the whole training step (``training_step_s``: TRL rolls out inside
+it) and in the rest of it (backward, optimizer: the training step less the rollout and the scoring); the median of TRL's
 logged ``step_time``; the width of every scored micro-batch as TRL hands it over and as the model sees it, its
 real tokens, and the padding fraction of what the model saw; and the peak resident set size of the
 process in each phase of the first optimizer step (a sampler thread, every 20 ms): model load, trainer set-up
@@ -144,8 +145,9 @@ def measure(quickstart: Path, steps: int, variant: str, sets: list[str], task: s
     return {"variant": variant, "task": task, "steps": steps, "total_s": round(total, 1), **split,
             "step_time_median_s": round(step_times[len(step_times) // 2], 1) if step_times else None,
             **{k: round(v / steps, 1) for k, v in times.items()},
-            "backward_and_rest_of_training_step_s": round((times["training_step_s"] - times["scoring_forward_s"])
-                                                          / steps, 1),
+            # TRL rolls out inside the training step (its _prepare_inputs): the rest is the step less both
+            "backward_and_rest_of_training_step_s": round((times["training_step_s"] - times["scoring_forward_s"]
+                                                           - times["rollout_s"]) / steps, 1),
             "micro_batches": widths,
             "padding_fraction": round(1 - sum(w["real_tokens"] for w in widths)
                                       / max(1, sum(w["rows"] * w["model_width"] for w in widths)), 3),

@@ -81,6 +81,13 @@ class WikiSettings(Settings):
     sft_cpu_autocast: str = "auto"
     behaviour_questions: int = 32  # multi-hop validation questions the SFT model is sampled on (4 rollouts each)
 
+    def __post_init__(self) -> None:
+        from ..training.machine import CPU_AUTOCAST
+
+        super().__post_init__()
+        if self.sft_cpu_autocast not in CPU_AUTOCAST:
+            raise ValueError(f"sft_cpu_autocast must be one of {CPU_AUTOCAST}, got {self.sft_cpu_autocast!r}")
+
     @classmethod
     def for_tiny(cls, **kw: Any) -> WikiSettings:
         kw.setdefault("workers", 2)
@@ -190,7 +197,7 @@ def trajectories(s: WikiSettings, init: str) -> dict[str, Any]:
 
 def sft(s: WikiSettings, init: str) -> Path:
     """LoRA SFT on the gold trajectories (every weight of the tiny model); resumes an interrupted run."""
-    from ..training.sft import run_sft
+    from ..training import sft as sft_module
 
     out = s.out / "sft"
     if _done(out / "sft_summary.json"):
@@ -201,10 +208,11 @@ def sft(s: WikiSettings, init: str) -> Path:
     # the real model at batch 8 of ~600-token trajectories peaks at 2.0 GB with checkpointing, 8.2 GB without
     # (experiments/benchmarks/sft_memory.py, with agentic_rag.malloc's allocator setting)
     if s.tiny:
-        summary = run_sft(full=True, batch_size=16, logging_steps=1, **common)
-    else:
-        summary = run_sft(batch_size=s.sft_batch_size, lora_r=16, lora_alpha=32, logging_steps=1,
-                          group_by_length=s.sft_group_by_length, cpu_autocast=s.sft_cpu_autocast, **common)
+        summary = sft_module.run_sft(full=True, batch_size=16, logging_steps=1, **common)
+    else:  # in a process of its own: the heap its bf16 steps grow would stay with the evaluations after it
+        summary = sft_module.run_sft_apart(batch_size=s.sft_batch_size, lora_r=16, lora_alpha=32, logging_steps=1,
+                                           group_by_length=s.sft_group_by_length, cpu_autocast=s.sft_cpu_autocast,
+                                           **common)
     (out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     return out
 

@@ -53,7 +53,10 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
 
 def cpu_bf16(setting: str) -> bool:
     """Resolve a ``cpu_autocast`` setting (``auto``, ``bf16``, ``none``) to whether a CPU run computes its forward
-    and backward passes in bfloat16 (``torch.autocast``): ``auto`` where the CPU has it natively."""
+    and backward passes in bfloat16 (``torch.autocast``): ``auto`` where the CPU has it natively. Anything else is
+    refused (a typo such as ``bfloat16`` would otherwise train in fp32 without a word)."""
+    if setting not in CPU_AUTOCAST:
+        raise ValueError(f"cpu_autocast must be one of {', '.join(CPU_AUTOCAST)}, got {setting!r}")
     if setting == "auto":
         return cpu_has_native_bf16()
     return setting == "bf16"

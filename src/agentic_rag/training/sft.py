@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,56 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
                          callbacks=callbacks)
     quiet_adapter_saves(trainer.model)
     return trainer, examples, skipped
+
+
+def run_sft_apart(**kw: Any) -> dict[str, Any]:
+    """:func:`run_sft` (same arguments) in a process of its own, started fresh (spawn: the caller may hold a JVM,
+    which a fork would copy unsafely); returns its summary. What the SFT's allocations leave in a process's heap
+    stays with that process: under CPU bf16 autocast the SFT's blocks come from the heap (:mod:`agentic_rag.malloc`),
+    and in the wiki quick start's process every later evaluation dirtied ~2 GB of the heap the SFT had grown
+    (measured: the heap's resident memory 0.24 GB after an evaluation before the SFT, 2.19 GB after one after it,
+    again after ``malloc_trim``), which took the quick start to a 9.2 GB peak. The child's errors are reported
+    there, as the command line reports them; here they raise a :class:`~agentic_rag.errors.UserError` naming the
+    exit status. An interrupted child leaves its checkpoints for the next call (``resume=None`` continues them)."""
+    import multiprocessing
+
+    from ..errors import UserError
+    from ..malloc import child_env
+
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_sft_child, args=(kw,), name="sft")
+    # the child's environment is this one's when it starts: glibc's huge pages for it, as for the training processes
+    added = {k: v for k, v in child_env(dict(os.environ)).items() if os.environ.get(k) != v}
+    before = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    try:
+        proc.start()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        proc.join()
+    finally:
+        if proc.is_alive():  # interrupted here (Ctrl-C reaches the child too): let it stop on its own, then make it
+            proc.join(30)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+    if proc.exitcode != 0:
+        raise UserError(f"the SFT process stopped (exit {proc.exitcode}); its message is above. Run again to continue "
+                        f"from its last checkpoint in {kw['output_dir']}.partial")
+    return json.loads((Path(kw["output_dir"]) / "sft_summary.json").read_text())
+
+
+def _sft_child(kw: dict[str, Any]) -> None:
+    from ..errors import guarded
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # as every entry point (agentic_rag.malloc)
+    sys.exit(guarded("sft", lambda: run_sft(**kw) and 0))
 
 
 def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings | None = None,

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +351,11 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
 
     if checkpoint:
         log.info("resuming from %s", checkpoint)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
+    # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
+    from ..malloc import heap_for_blocks_below
+
+    with heap_for_blocks_below() if use_cpu and args.bf16 else nullcontext():
+        result = trainer.train(resume_from_checkpoint=checkpoint)
     final = out / "final"
     trainer.save_model(str(final))
     if state.is_main_process:
