@@ -30,11 +30,14 @@ on the 2-core machine (three LoRA SFT steps of the 24 longest wiki trajectories,
 each): 95 s train time (46 s system CPU), 2.1 GB peak RSS with the threshold at 1 MiB; 104 s at 4 MiB; 78 s at
 16 MiB; 75 s (11 s system), 3.3 GB at 32 MiB; 70 s (9 s system), 3.8 GB with glibc's defaults. The whole wiki quick
 start's SFT ran at ~22 s a step under the 1 MiB threshold against 11.6 s a step with glibc's defaults.
-:func:`heap_for_blocks_below` raises the threshold for such a stretch (SFT under CPU bf16 autocast) and puts it
-back after, handing what the heap then holds free back to the system (``malloc_trim``); what was allocated inside
-and is freed later stays in the heap until :func:`trim_heap` (run_sft calls it once its trainer is gone). The wiki
-quick start run before that call peaked at 9.3 GB after its SFT (5.9 GB within it), the likeliest cause; the
-peak has not been measured again with it.
+:func:`heap_for_blocks_below` raises the threshold for such a stretch (SFT and GRPO training under CPU bf16
+autocast; measured for the SFT) and puts it back after, handing what the heap then holds free back to the system
+(``malloc_trim``); what was allocated inside and is freed later stays in the heap until :func:`trim_heap` (run_sft
+calls it once its trainer is gone). Trimmed, the heap still spans what the stretch grew, and a process that goes on
+dirties it again: in the wiki quick start's process an evaluation after the SFT left the heap 2.19 GB resident
+against 0.24 GB for the same evaluation before it (and 2.19 GB again after a trim), which took the quick start to a
+9.2 GB peak. So the quick start runs the real model's SFT in a process of its own
+(:func:`agentic_rag.training.sft.run_sft_apart`), as its GRPO runs are.
 """
 
 from __future__ import annotations

@@ -73,8 +73,9 @@ class ModelConfig:
                                         "numbers on every CPU), bf16 (torch.autocast; the weights, the adapter and "
                                         "the optimizer stay fp32; the rollouts decode in fp32), or auto (bf16 where "
                                         "the CPU computes it natively: AVX512-BF16 or AMX; emulated, and slower, "
-                                        "elsewhere). Measured on SmolLM2-135M LoRA SFT with gradient checkpointing: "
-                                        "12% faster", choices=CPU_AUTOCAST)
+                                        "elsewhere). Measured on SmolLM2-135M LoRA SFT on a CPU with AVX512-BF16: half "
+                                        "the time of fp32 (experiments/wiki/README.md); GRPO's training passes "
+                                        "not measured", choices=CPU_AUTOCAST)
     attn_implementation: str = setting("sdpa", "attention kernel: sdpa, eager or flash_attention_2 (not with a "
                                                "dialect whose backtrack/summary branch contexts: their 4D tree mask "
                                                "needs sdpa or eager)", choices=("sdpa", "eager", "flash_attention_2"))

@@ -207,8 +207,8 @@ def run_sft_apart(**kw: Any) -> dict[str, Any]:
                 proc.terminate()
                 proc.join()
     if proc.exitcode != 0:
-        raise UserError(f"the SFT process stopped (exit {proc.exitcode}); its message is above. Run again to continue "
-                        f"from its last checkpoint in {kw['output_dir']}.partial")
+        raise UserError(f"the SFT process stopped (exit {proc.exitcode}); its message is above. The checkpoints it "
+                        f"saved, if any, stay in {kw['output_dir']}.partial for the next run to continue")
     return json.loads((Path(kw["output_dir"]) / "sft_summary.json").read_text())
 
 
