@@ -173,10 +173,8 @@ def build_sft_trainer(*, model: str, data: str, output_dir: str, rollout: Rollou
 def run_sft_apart(**kw: Any) -> dict[str, Any]:
     """:func:`run_sft` (same arguments) in a process of its own, started fresh (spawn: the caller may hold a JVM,
     which a fork would copy unsafely); returns its summary. What the SFT's allocations leave in a process's heap
-    stays with that process: under CPU bf16 autocast the SFT's blocks come from the heap (:mod:`agentic_rag.malloc`),
-    and in the wiki quick start's process every later evaluation dirtied ~2 GB of the heap the SFT had grown
-    (measured: the heap's resident memory 0.24 GB after an evaluation before the SFT, 2.19 GB after one after it,
-    again after ``malloc_trim``), which took the quick start to a 9.2 GB peak. The child's errors are reported
+    stays with that process (under CPU bf16 autocast, ~2 GB that every later evaluation dirtied again in the wiki
+    quick start: measured in :mod:`agentic_rag.malloc`). The child's errors are reported
     there, as the command line reports them; here they raise a :class:`~agentic_rag.errors.UserError` naming the
     exit status. An interrupted child leaves its checkpoints for the next call (``resume=None`` continues them)."""
     import multiprocessing
