@@ -138,3 +138,80 @@ def test_a_heap_stretch_reuses_blocks_and_gives_them_back_after():
     assert after - before < 450, (before, after)
     # what was allocated inside and freed after stays in the heap until trim_heap hands it back
     assert kept_late - after > -50 and kept_late - trimmed > 300, (after, kept_late, trimmed)
+
+
+def test_heap_stretches_nest_and_overlap(monkeypatch):
+    """The largest open stretch's threshold holds; the entry points' threshold comes back, and the heap is trimmed,
+    only when the last one closes (a GRPO rollout inside its bf16 training stretch)."""
+    from agentic_rag import malloc
+
+    calls: list[tuple] = []
+
+    class Libc:
+        def mallopt(self, key, value):
+            calls.append((key, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("trim",))
+            return 1
+
+    monkeypatch.setattr(malloc, "_glibc", lambda: Libc())
+    monkeypatch.setattr(malloc, "_applied", 1 << 20)
+    mmap, trim = malloc.M_MMAP_THRESHOLD, malloc.M_TRIM_THRESHOLD
+    outer, inner = malloc.heap_for_blocks_below(32 << 20), malloc.heap_for_blocks_below(256 << 20)
+    outer.__enter__()
+    assert calls[-2:] == [(mmap, 32 << 20), (trim, 64 << 20)]
+    inner.__enter__()
+    assert calls[-2:] == [(mmap, 256 << 20), (trim, 512 << 20)]
+    with malloc.heap_for_blocks_below(4 << 20) as changed:  # a smaller one inside keeps the larger threshold
+        assert changed and calls[-2:] == [(mmap, 256 << 20), (trim, 512 << 20)]
+    outer.__exit__(None, None, None)  # closed out of order (another thread's): the open one's threshold stays
+    assert calls[-2:] == [(mmap, 256 << 20), (trim, 512 << 20)] and ("trim",) not in calls
+    inner.__exit__(None, None, None)
+    assert calls[-3:] == [(mmap, 1 << 20), (trim, malloc.GLIBC_TRIM_THRESHOLD), ("trim",)]
+    assert malloc._open_stretches == []
+
+
+# A tiny random Qwen2 over the real 151k vocabulary decoding 32 rows (each step's logits: 19 MB) through the rollout
+# engine, under the entry points' 1 MiB threshold; prints the minor page faults of the second of two runs.
+DECODING = """
+import contextlib, resource, sys, torch
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from agentic_rag.data.prompts import build_prompt
+from agentic_rag.malloc import release_freed_memory
+from agentic_rag.rollout import AgentRollout, HFPolicy, RolloutSettings, SamplingParams
+assert release_freed_memory()
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+torch.manual_seed(0)
+model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)).eval()
+engine = AgentRollout(HFPolicy(model, tok, SamplingParams(do_sample=False)), tok, None,
+                      RolloutSettings(max_tokens_per_turn=24, max_completion_tokens=48, max_turns=1))
+if sys.argv[2] == "off":
+    engine._decoding_heap = contextlib.nullcontext
+questions = [f"What is question {i}?" for i in range(32)]
+prompts = [build_prompt(tok, q) for q in questions]
+engine.run(prompts, questions)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+engine.run(prompts, questions)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_decoding_on_a_cpu_reuses_the_heap(tmp_path, qwen_tokenizer):
+    """The rollout engine decodes a CPU model inside a heap stretch: each step's logits are not mapped anew."""
+    qwen_tokenizer.save_pretrained(tmp_path)
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("MALLOC_") and k not in ("AGENTIC_RAG_MALLOC", "GLIBC_TUNABLES")}
+
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", DECODING, str(tmp_path), mode], capture_output=True, text=True,
+                             check=True, env=environ)
+        return int(out.stdout.split()[-1])
+
+    mapped, reused = faults("off"), faults("on")
+    # each step's logits, prefill and cache faulted in anew without the stretch (measured: 354,000 faults against
+    # 18,500 inside it)
+    assert mapped > 80_000 and reused < mapped / 4, (mapped, reused)

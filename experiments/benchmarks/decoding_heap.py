@@ -1,0 +1,117 @@
+"""What the rollout engine's heap stretch saves when a CPU model decodes: the wiki quick start's evaluation, side by
+side with and without it.
+
+    python experiments/benchmarks/decoding_heap.py --quickstart outputs/quickstart_wiki [--questions 64]
+
+Each variant runs in a fresh process (``OMP_NUM_THREADS`` = ``--threads``, default 2, and glibc's huge-page tunable,
+as the quick start's processes) under the entry points' 1 MiB mmap threshold (:mod:`agentic_rag.malloc`), and
+evaluates the first ``--questions`` validation questions greedily with the quick start's SFT adapter, twice, as the
+quick start does (one batch of up to 128 rows, Pyserini BM25 on ``QUICKSTART/index``), into a temporary directory:
+
+* ``mapped``: the engine's stretch turned off: every block of 1 MiB or more (each step's logits, the prefill of each
+  observation, the KV cache's buffers) is mapped and faulted in anew;
+* ``stretch``: as shipped: decoding inside ``heap_for_blocks_below(DECODING_THRESHOLD)``, trimmed after each run;
+* ``glibc``: ``AGENTIC_RAG_MALLOC=default``, glibc's own dynamic threshold, for reference.
+
+Per variant: seconds of each evaluation, the process's user and system CPU seconds, its peak RSS, the heap's
+resident size after (``/proc/self/smaps``) and the EM of each evaluation (the same in every variant: the stretch
+changes where memory comes from, not what is computed). The last line printed is one JSON object with every variant
+and ``time_ratio`` (stretch / mapped, second evaluations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("mapped", "stretch", "glibc")
+
+
+def heap_resident_mb() -> int:
+    """Resident KiB of the [heap] mapping, in MB."""
+    kb, name = 0, None
+    for line in open("/proc/self/smaps"):
+        parts = line.split()
+        if "-" in parts[0] and len(parts) >= 5 and ":" in parts[3]:
+            name = parts[5] if len(parts) > 5 else None
+        elif parts[0] == "Rss:" and name == "[heap]":
+            kb += int(parts[1])
+    return kb // 1024
+
+
+def measure(quickstart: Path, questions: int, variant: str) -> dict:
+    import contextlib
+    import resource
+
+    from agentic_rag.malloc import release_freed_memory
+
+    applied = release_freed_memory()
+    from agentic_rag.demo import wiki
+    from agentic_rag.demo.quickstart import models_of
+    from agentic_rag.rollout.engine import AgentRollout
+
+    if variant == "mapped":
+        AgentRollout._decoding_heap = lambda self: contextlib.nullcontext()
+    s = wiki.WikiSettings(out=quickstart, seeds=[0])
+    model, adapter = models_of(s, quickstart / "sft")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = wiki.WikiSettings(out=Path(tmp), seeds=[0])
+        for d in ("index", "data"):
+            os.symlink(quickstart / d, work.out / d)
+        subset = work.out / "questions.jsonl"
+        subset.write_text("".join(open(s.validation_file).readlines()[:questions]))
+        for i in range(2):
+            t = time.perf_counter()
+            summary = wiki.evaluate(work, f"bench{i}", model, adapter, questions=subset)
+            runs.append({"seconds": round(time.perf_counter() - t, 1), "em": summary["em"]})
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"variant": variant, "threshold_applied": applied, "evaluations": runs,
+            "user_cpu_s": round(usage.ru_utime, 1), "system_cpu_s": round(usage.ru_stime, 1),
+            "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2), "heap_resident_after_mb": heap_resident_mb()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quickstart", default="outputs/quickstart_wiki", help="a wiki quick start's output directory")
+    ap.add_argument("--questions", type=int, default=64, help="validation questions per evaluation (default 64)")
+    ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    qs = Path(args.quickstart).resolve()
+    if not (qs / "sft" / "adapter_config.json").exists() or not (qs / "index").is_dir():
+        ap.error(f"no SFT adapter and index in {qs}: run the wiki quick start first "
+                 "(bash script/quickstart.sh --task wiki)")
+    if args.variant:
+        print("RESULT " + json.dumps(measure(qs, args.questions, args.variant)), flush=True)
+        return 0
+    from agentic_rag.malloc import child_env
+
+    env = child_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads), AGENTIC_RAG_JVM_HEAP="1g",
+                         TOKENIZERS_PARALLELISM="false"))
+    env = {k: v for k, v in env.items() if not k.startswith("MALLOC_") and k != "AGENTIC_RAG_MALLOC"}
+    results = {}
+    for variant in VARIANTS:
+        extra = {"AGENTIC_RAG_MALLOC": "default"} if variant == "glibc" else {}
+        out = subprocess.run([sys.executable, __file__, "--quickstart", str(qs), "--questions", str(args.questions),
+                              "--variant", variant], env={**env, **extra}, capture_output=True, text=True)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode or not line:
+            sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+            raise SystemExit(f"the {variant} run failed (exit {out.returncode})")
+        results[variant] = json.loads(line[-1][len("RESULT "):])
+        print(json.dumps(results[variant]), flush=True)
+    second = {v: r["evaluations"][1]["seconds"] for v, r in results.items()}
+    print(json.dumps({"questions": args.questions, "threads": args.threads, "variants": results,
+                      "time_ratio": round(second["stretch"] / second["mapped"], 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
