@@ -70,7 +70,7 @@ def measure(quickstart: Path, questions: int, variant: str) -> dict:
         for i in range(2):
             t = time.perf_counter()
             summary = wiki.evaluate(work, f"bench{i}", model, adapter, questions=subset)
-            runs.append({"seconds": round(time.perf_counter() - t, 1), "em": summary["em"]})
+            runs.append({"seconds": round(time.perf_counter() - t, 1), "em": summary["metrics"]["em"]})
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"variant": variant, "threshold_applied": applied, "evaluations": runs,
             "user_cpu_s": round(usage.ru_utime, 1), "system_cpu_s": round(usage.ru_stime, 1),
