@@ -77,7 +77,7 @@ def test_grpo_under_cpu_bf16_trains_inside_a_heap_stretch(tmp_path, monkeypatch,
     @contextmanager
     def recorded(*a, **k):
         with real(*a, **k) as changed:
-            entered.append(a or k)
+            entered.append(changed)
             yield changed
     monkeypatch.setattr(malloc, "heap_for_blocks_below", recorded)
     cfg = config_from_dict({
@@ -90,6 +90,4 @@ def test_grpo_under_cpu_bf16_trains_inside_a_heap_stretch(tmp_path, monkeypatch,
         "algorithm": {"num_generations": 2, "per_device_train_batch_size": 4, "max_steps": 1},
         "logging": {"swanlab_mode": "disabled"}, "checkpoint": {"output_dir": str(tmp_path / "run")}}, env={})
     assert run(cfg)["global_step"] == 1
-    # the training stretch (the default threshold) for bf16 only; the rollouts' own on a CPU either way
-    assert sum(not a for a in entered) == (setting == "bf16")
-    assert (malloc.DECODING_THRESHOLD,) in entered
+    assert len(entered) == (setting == "bf16")

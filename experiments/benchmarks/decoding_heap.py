@@ -1,22 +1,27 @@
-"""What the rollout engine's heap stretch saves when a CPU model decodes: the wiki quick start's evaluation, side by
-side with and without it.
+"""What a heap stretch around the rollout engine would save when a CPU model decodes, and what it costs in memory:
+the wiki quick start's evaluation, side by side with and without it (not shipped: see ``agentic_rag.malloc``).
 
     python experiments/benchmarks/decoding_heap.py --quickstart outputs/quickstart_wiki [--questions 64]
+    python experiments/benchmarks/decoding_heap.py --quickstart outputs/quickstart_wiki --questions 32 --samples 4 \
+        --thresholds 32,256
 
 Each variant runs in a fresh process (``OMP_NUM_THREADS`` = ``--threads``, default 2, and glibc's huge-page tunable,
 as the quick start's processes) under the entry points' 1 MiB mmap threshold (:mod:`agentic_rag.malloc`), and
 evaluates the first ``--questions`` validation questions greedily with the quick start's SFT adapter, twice, as the
-quick start does (one batch of up to 128 rows, Pyserini BM25 on ``QUICKSTART/index``), into a temporary directory:
+quick start does (one batch of up to 128 rows, Pyserini BM25 on ``QUICKSTART/index``), into a temporary directory;
+with ``--samples N``, the first ``--questions`` multi-hop validation questions N times each at temperature 1, as the
+quick start's sampled evaluation of its SFT adapter (32 questions x 4 rollouts, 128 rows):
 
-* ``mapped``: the engine's stretch turned off: every block of 1 MiB or more (each step's logits, the prefill of each
-  observation, the KV cache's buffers) is mapped and faulted in anew;
-* ``stretch``: as shipped: decoding inside ``heap_for_blocks_below(DECODING_THRESHOLD)``, trimmed after each run;
+* ``mapped``: as shipped: every block of 1 MiB or more (each step's logits, the prefill of each observation, the KV
+  cache's buffers) is mapped and faulted in anew;
+* ``stretch_<MiB>``, for each of ``--thresholds`` (default 32 and 256): every ``AgentRollout.run`` inside
+  ``heap_for_blocks_below(<MiB> << 20)``, the heap trimmed when it returns;
 * ``glibc``: ``AGENTIC_RAG_MALLOC=default``, glibc's own dynamic threshold, for reference.
 
 Per variant: seconds of each evaluation, the process's user and system CPU seconds, its peak RSS, the heap's
 resident size after (``/proc/self/smaps``) and the EM of each evaluation (the same in every variant: the stretch
 changes where memory comes from, not what is computed). The last line printed is one JSON object with every variant
-and ``time_ratio`` (stretch / mapped, second evaluations).
+and ``time_ratio`` and ``peak_rss_ratio`` (each stretch / mapped; times of the second evaluations).
 """
 
 from __future__ import annotations
@@ -30,11 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("mapped", "stretch", "glibc")
-
 
 def heap_resident_mb() -> int:
-    """Resident KiB of the [heap] mapping, in MB."""
+    """The resident size of the process's [heap] mapping, in MB."""
     kb, name = 0, None
     for line in open("/proc/self/smaps"):
         parts = line.split()
@@ -45,8 +48,7 @@ def heap_resident_mb() -> int:
     return kb // 1024
 
 
-def measure(quickstart: Path, questions: int, variant: str) -> dict:
-    import contextlib
+def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) -> dict:
     import resource
 
     from agentic_rag.malloc import release_freed_memory
@@ -56,8 +58,15 @@ def measure(quickstart: Path, questions: int, variant: str) -> dict:
     from agentic_rag.demo.quickstart import models_of
     from agentic_rag.rollout.engine import AgentRollout
 
-    if variant == "mapped":
-        AgentRollout._decoding_heap = lambda self: contextlib.nullcontext()
+    if variant.startswith("stretch_"):
+        from agentic_rag.malloc import heap_for_blocks_below
+
+        threshold, run = int(variant.split("_")[1]) << 20, AgentRollout.run
+
+        def stretched(self, *a, **k):
+            with heap_for_blocks_below(threshold):
+                return run(self, *a, **k)
+        AgentRollout.run = stretched
     s = wiki.WikiSettings(out=quickstart, seeds=[0])
     model, adapter = models_of(s, quickstart / "sft")
     runs = []
@@ -66,10 +75,11 @@ def measure(quickstart: Path, questions: int, variant: str) -> dict:
         for d in ("index", "data"):
             os.symlink(quickstart / d, work.out / d)
         subset = work.out / "questions.jsonl"
-        subset.write_text("".join(open(s.validation_file).readlines()[:questions]))
+        lines = [x for x in open(s.validation_file) if samples == 1 or json.loads(x)["kind"] == "multi_hop"]
+        subset.write_text("".join(lines[:questions]))
         for i in range(2):
             t = time.perf_counter()
-            summary = wiki.evaluate(work, f"bench{i}", model, adapter, questions=subset)
+            summary = wiki.evaluate(work, f"bench{i}", model, adapter, questions=subset, samples=samples)
             runs.append({"seconds": round(time.perf_counter() - t, 1), "em": summary["metrics"]["em"]})
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"variant": variant, "threshold_applied": applied, "evaluations": runs,
@@ -82,14 +92,18 @@ def main() -> int:
     ap.add_argument("--quickstart", default="outputs/quickstart_wiki", help="a wiki quick start's output directory")
     ap.add_argument("--questions", type=int, default=64, help="validation questions per evaluation (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="OMP threads of each measured process (default 2)")
-    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--samples", type=int, default=1, help="rollouts a question (default 1: greedy; more: temperature "
+                    "1 on multi-hop questions)")
+    ap.add_argument("--thresholds", default="32,256", help="comma-separated stretch thresholds in MiB (default "
+                    "32,256)")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
     if not (qs / "sft" / "adapter_config.json").exists() or not (qs / "index").is_dir():
         ap.error(f"no SFT adapter and index in {qs}: run the wiki quick start first "
                  "(bash script/quickstart.sh --task wiki)")
     if args.variant:
-        print("RESULT " + json.dumps(measure(qs, args.questions, args.variant)), flush=True)
+        print("RESULT " + json.dumps(measure(qs, args.questions, args.variant, args.samples)), flush=True)
         return 0
     from agentic_rag.malloc import child_env
 
@@ -97,10 +111,12 @@ def main() -> int:
                          TOKENIZERS_PARALLELISM="false"))
     env = {k: v for k, v in env.items() if not k.startswith("MALLOC_") and k != "AGENTIC_RAG_MALLOC"}
     results = {}
-    for variant in VARIANTS:
+    stretches = [f"stretch_{int(t)}" for t in args.thresholds.split(",") if t.strip()]
+    for variant in ["mapped", *stretches, "glibc"]:
         extra = {"AGENTIC_RAG_MALLOC": "default"} if variant == "glibc" else {}
         out = subprocess.run([sys.executable, __file__, "--quickstart", str(qs), "--questions", str(args.questions),
-                              "--variant", variant], env={**env, **extra}, capture_output=True, text=True)
+                              "--samples", str(args.samples), "--variant", variant], env={**env, **extra},
+                             capture_output=True, text=True)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not line:
             sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
@@ -108,8 +124,11 @@ def main() -> int:
         results[variant] = json.loads(line[-1][len("RESULT "):])
         print(json.dumps(results[variant]), flush=True)
     second = {v: r["evaluations"][1]["seconds"] for v, r in results.items()}
-    print(json.dumps({"questions": args.questions, "threads": args.threads, "variants": results,
-                      "time_ratio": round(second["stretch"] / second["mapped"], 3)}))
+    print(json.dumps({"questions": args.questions, "samples": args.samples, "threads": args.threads,
+                      "variants": results,
+                      "time_ratio": {v: round(second[v] / second["mapped"], 3) for v in stretches},
+                      "peak_rss_ratio": {v: round(results[v]["peak_rss_gb"] / results["mapped"]["peak_rss_gb"], 3)
+                                         for v in stretches}}))
     return 0
 
 

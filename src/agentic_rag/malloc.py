@@ -1,14 +1,15 @@
 """Keep a process's resident memory close to what it uses: freed large buffers go back to the system (glibc).
 
-glibc serves an allocation above ``M_MMAP_THRESHOLD`` with a mapping of its own, returned to the system on free;
-smaller ones come from the heap, which keeps what is freed for reuse. By default the threshold is dynamic: every
-freed mapped block raises it to that block's size (up to 32 MiB on 64-bit). After the first training steps a step's
-activations (1-30 MiB tensors for a 135M model) therefore come from the heap, and the heap keeps the most a step ever
-held at once plus its fragmentation. Measured on the 2-core machine (SmolLM2-135M, LoRA SFT, one step of the 8
-longest 2Wiki trajectories, batch 8, ~600 tokens each, gradient checkpointing on, side by side in
-experiments/benchmarks/sft_memory.py): peak RSS 5.97 GiB with glibc's defaults, 1.93 GiB with the threshold fixed
-at 1 MiB, for 24% more CPU time (mostly system time: mapping and unmapping) and 3% more wall time. Without gradient
-checkpointing (`/usr/bin/time -v`, one run each): 13.7 GB and 8.2 GB.
+glibc serves an allocation above ``M_MMAP_THRESHOLD`` with a mapping of its own, returned to the system on free,
+unless a free chunk of the heap fits it (glibc looks there first); smaller ones come from the heap, which keeps what
+is freed for reuse. By default the threshold is dynamic: every freed mapped block raises it to that block's size (up
+to 32 MiB on 64-bit). After the first training steps a step's activations (1-30 MiB tensors for a 135M model)
+therefore come from the heap, and the heap keeps the most a step ever held at once plus its fragmentation. Measured
+on the 2-core machine (SmolLM2-135M, LoRA SFT, one step of the 8 longest 2Wiki trajectories, batch 8, ~600 tokens
+each, gradient checkpointing on, side by side in experiments/benchmarks/sft_memory.py): peak RSS 5.97 GiB with
+glibc's defaults, 1.93 GiB with the threshold fixed at 1 MiB, for 24% more CPU time (mostly system time: mapping and
+unmapping) and 3% more wall time. Without gradient checkpointing (`/usr/bin/time -v`, one run each): 13.7 GB and 8.2
+GB.
 
 Mapping a fresh block costs a page fault per 4 KiB page (7,680 for a 30 MiB block): with the fixed threshold a
 process spends a third of its CPU time in the kernel (an SFT step of the wiki quick start: 14 of every 40 CPU
@@ -36,18 +37,20 @@ autocast; measured for the SFT) and puts it back after, handing what the heap th
 calls it once its trainer is gone). Trimmed, the heap still spans what the stretch grew, and a process that goes on
 dirties it again: in the wiki quick start's process an evaluation after the SFT left the heap 2.19 GB resident
 against 0.24 GB for the same evaluation before it (and 2.19 GB again after a trim), which took the quick start to a
-9.2 GB peak. So the quick start runs the real model's SFT in a process of its own
+9.2 GB peak (and ran its evaluations faster: their large blocks fit in the heap's free chunks instead of being
+mapped anew, the cost measured below). So the quick start runs the real model's SFT in a process of its own
 (:func:`agentic_rag.training.sft.run_sft_apart`), as its GRPO runs are.
 
 Decoding on a CPU pays the fixed threshold too: each step's logits (a 128-row batch of a 49k vocabulary: 25 MB),
 the prefill of each observation and the KV cache's growing buffers (:mod:`agentic_rag.rollout.kv_cache`) are mapped
-and faulted in anew. Measured on the 2-core machine (the wiki quick start's SFT adapter greedily answering 64
-validation questions in one 128-row batch, a fresh process each, the second of two evaluations): 104 s (104 s
-system CPU over both) under the 1 MiB threshold; 73 s inside a 32 MiB stretch; **69 s** (22 s system) inside a
-256 MiB one, peak RSS 4.65 GB against 3.31 GB; 64 s with glibc's defaults, whose heap then stays 2.7 GB resident.
-So the rollout engine decodes a local model on a CPU inside a :data:`DECODING_THRESHOLD` stretch, one per
-:meth:`~agentic_rag.rollout.engine.AgentRollout.run` (an evaluation batch, a GRPO step's rollouts, a chat
-server's batch), trimmed when it returns.
+and faulted in anew. Measured on the 2-core machine (``experiments/benchmarks/decoding_heap.py``: the wiki quick
+start's SFT adapter greedily answering 64 validation questions in one batch, twice, a fresh process each): 92.6 s
+for the second evaluation under the 1 MiB threshold (93 s system CPU over both); 63.1 s (17 s system) with every
+``AgentRollout.run`` inside a 256 MiB stretch, at a peak RSS of 4.17 GB against 3.16 GB. Not shipped: in the wiki
+quick start the same stretch took the quick start's own process to 7.84 GB (its sampled evaluation, 128 rows) and
+a GRPO process to 8.14 GB (its greedy validation, 128 rows), against 5.3 and 5.5 GB without it: over the 8 GB the
+quick start must stay under. Why the heap grows that much is not measured (a likely part: the KV cache's buffers,
+each replaced by a larger one, leave holes the next cannot fit).
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -64,10 +66,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 GLIBC_TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above this at the heap's top is given back
 DEFAULT_THRESHOLD = 1 << 20
 BF16_AUTOCAST_THRESHOLD = 32 << 20  # glibc's own ceiling for its dynamic threshold on 64-bit
-DECODING_THRESHOLD = 256 << 20  # decoding on a CPU (the module docstring): above the largest KV-cache buffer
 _applied: int | None = None  # the threshold release_freed_memory set in this process, if it did
-_open_stretches: list[int] = []  # the thresholds of the heap_for_blocks_below stretches open now, in any thread
-_stretch_lock = threading.Lock()
 
 
 @cache  # find_library runs ldconfig in a subprocess: once a process is enough
@@ -107,34 +106,20 @@ def trim_heap() -> bool:
 def heap_for_blocks_below(threshold: int = BF16_AUTOCAST_THRESHOLD) -> Iterator[bool]:
     """Inside: blocks under ``threshold`` bytes come from the heap again (reused, not mapped anew); after: the
     threshold :func:`release_freed_memory` set is back and the heap's free memory is returned (``malloc_trim``).
-    Yields whether anything changed: nothing does where :func:`release_freed_memory` was not applied.
-
-    Stretches nest and may overlap across threads (a GRPO run under CPU bf16 rolls out inside its training
-    stretch): the largest threshold of those open holds, and the heap is trimmed when the last one closes."""
+    Yields whether anything changed: nothing does where :func:`release_freed_memory` was not applied."""
     libc = _glibc() if _applied is not None else None
-    if libc is None:
+    if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, int(threshold)):
         yield False
         return
-    with _stretch_lock:
-        if not libc.mallopt(M_MMAP_THRESHOLD, max([int(threshold), *_open_stretches])):
-            yield False
-            return
-        # and, as glibc's dynamic threshold does, keep up to twice that free at the heap's top rather than trimming
-        # a freed block away only to fault it in again on the next allocation
-        _open_stretches.append(int(threshold))
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * max(_open_stretches))
+    # and, as glibc's dynamic threshold does, keep up to twice that free at the heap's top rather than trimming a
+    # freed block away only to fault it in again on the next allocation
+    libc.mallopt(M_TRIM_THRESHOLD, 2 * int(threshold))
     try:
         yield True
     finally:
-        with _stretch_lock:
-            _open_stretches.remove(int(threshold))
-            if _open_stretches:
-                libc.mallopt(M_MMAP_THRESHOLD, max(_open_stretches))
-                libc.mallopt(M_TRIM_THRESHOLD, 2 * max(_open_stretches))
-            else:
-                libc.mallopt(M_MMAP_THRESHOLD, _applied)
-                libc.mallopt(M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
-                trim_heap()
+        libc.mallopt(M_MMAP_THRESHOLD, _applied)
+        libc.mallopt(M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
+        trim_heap()
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"

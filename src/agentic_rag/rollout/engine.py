@@ -55,7 +55,6 @@ engine``); a tool call that times out is abandoned on its daemon thread and neve
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -177,28 +176,16 @@ class AgentRollout:
             for i, t in enumerate(trajs):
                 t.listener = functools.partial(self._hooks.on_event, i)
         try:
-            with self._decoding_heap():
-                if callable(getattr(self.policy, "open_session", None)):
-                    self._run_continuous(trajs, shown)
-                else:
-                    self._run_rounds(trajs, shown)
+            if callable(getattr(self.policy, "open_session", None)):
+                self._run_continuous(trajs, shown)
+            else:
+                self._run_rounds(trajs, shown)
         finally:
             for t in trajs:
                 t.listener = None
         for t in trajs:
             t.text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=False)
         return trajs
-
-    def _decoding_heap(self) -> contextlib.AbstractContextManager[Any]:
-        """A local model decoding on a CPU decodes inside a heap stretch: under the entry points' 1 MiB mmap
-        threshold each step's logits and KV buffers are mapped and faulted in anew, a third of an evaluation's time
-        (measured in :mod:`agentic_rag.malloc`)."""
-        device = getattr(getattr(self.policy, "model", None), "device", None)
-        if getattr(device, "type", None) != "cpu":
-            return contextlib.nullcontext()
-        from ..malloc import DECODING_THRESHOLD, heap_for_blocks_below
-
-        return heap_for_blocks_below(DECODING_THRESHOLD)
 
     def _budget(self, t: Trajectory) -> int | None:
         """The next turn's token budget, or None (and the trajectory finished) when there is no room."""
