@@ -52,6 +52,7 @@ def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) ->
     import resource
 
     from agentic_rag.malloc import release_freed_memory
+    from agentic_rag.training.train import peak_rss_mb
 
     applied = release_freed_memory()
     from agentic_rag.demo import wiki
@@ -84,7 +85,7 @@ def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) ->
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"variant": variant, "threshold_applied": applied, "evaluations": runs,
             "user_cpu_s": round(usage.ru_utime, 1), "system_cpu_s": round(usage.ru_stime, 1),
-            "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2), "heap_resident_after_mb": heap_resident_mb()}
+            "peak_rss_gb": round(peak_rss_mb() / 1024, 2), "heap_resident_after_mb": heap_resident_mb()}
 
 
 def main() -> int:
