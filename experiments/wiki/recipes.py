@@ -74,6 +74,15 @@ RECIPES: dict[str, dict[str, Any]] = {
                                   "for 36 steps, validated every 9",
                           "sets": {"algorithm.learning_rate": 1e-4, "rewards": F1, "algorithm.max_steps": 36,
                                    "logging.validation_every": 9}},
+    "answer_branch": {"help": "answer branching: a group is one greedy trunk cut after its answer tag and 8 answers "
+                              "sampled there (T 1.0), trained on the answers only; 8 questions x 8 answers, EM + 0.2 "
+                              "format, lr 1e-4",
+                      "sets": {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
+                               "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": 1e-4}},
+    "answer_branch_control": {"help": "answer_branch with the rewards shuffled within each batch",
+                              "sets": {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
+                                       "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": 1e-4,
+                                       "algorithm.shuffle_rewards": "true"}},
 }
 
 

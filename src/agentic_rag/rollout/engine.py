@@ -55,6 +55,7 @@ engine``); a tool call that times out is abandoned on its daemon thread and neve
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -166,11 +167,33 @@ class AgentRollout:
     def run(self, prompts: Sequence[Sequence[int]], questions: Sequence[str] | None = None,
             hooks: RolloutHooks | None = None) -> list[Trajectory]:
         """Roll out every prompt (token ids, already templated) to a finished trajectory."""
-        if self._tool_runner.closed:
-            raise RuntimeError("this AgentRollout is closed")
         trajs = [Trajectory(prompt_ids=list(p), question=questions[i] if questions else "")
                  for i, p in enumerate(prompts)]
-        shown: list[set[str]] = [set() for _ in trajs]
+        return self._drive(trajs, [set() for _ in trajs], {}, hooks)
+
+    def continue_turns(self, trajectories: Sequence[Trajectory], forced: Sequence[Sequence[int]],
+                       hooks: RolloutHooks | None = None) -> list[Trajectory]:
+        """Go on with unfinished trajectories (in place, and returned) as :meth:`run` would have, each one's next turn
+        starting with the ids ``forced[i]``, taken as written by the model: they open that turn's model segment,
+        with log-probability 0.0 where the trajectory records them (the caller replaces them if it has the real
+        ones). Answer branching (:mod:`.branching`) continues a trajectory cut just after its answer tag this way.
+        Passages the trajectory's searches showed count as shown (``dedup_passages``)."""
+        trajs = list(trajectories)
+        if len(forced) != len(trajs):
+            raise ValueError(f"{len(forced)} forced prefixes for {len(trajs)} trajectories")
+        for t in trajs:
+            if t.finish_reason:
+                raise ValueError(f"a finished trajectory ({t.finish_reason}) cannot be continued")
+        shown = [{h["docid"] for e in t.events if e.get("type") == "search" for r in e.get("results", [])
+                  for h in r.get("hits", [])} for t in trajs]
+        return self._drive(trajs, shown, {i: list(f) for i, f in enumerate(forced) if len(f)}, hooks)
+
+    def _drive(self, trajs: list[Trajectory], shown: list[set[str]], forced: dict[int, list[int]],
+               hooks: RolloutHooks | None) -> list[Trajectory]:
+        """Run ``trajs`` to their end (see :meth:`run` and :meth:`continue_turns`)."""
+        if self._tool_runner.closed:
+            raise RuntimeError("this AgentRollout is closed")
+        self._forced = forced
         self._hooks = hooks or RolloutHooks()
         if self._hooks.on_event is not None:
             for i, t in enumerate(trajs):
@@ -195,6 +218,22 @@ class AgentRollout:
             return None
         return min(self.settings.max_tokens_per_turn, room)
 
+    def _start(self, i: int, t: Trajectory, budget: int) -> tuple[list[int], int]:
+        """The context and new-token budget of trajectory ``i``'s next turn: its visible ids, followed by its forced
+        prefix when it has one (which counts against the turn's budget)."""
+        prefix = self._forced.get(i, [])
+        if len(prefix) >= budget:
+            raise ValueError(f"a forced prefix of {len(prefix)} tokens leaves no room in a turn of {budget}")
+        return t.visible_ids() + prefix, budget - len(prefix)
+
+    def _whole_turn(self, i: int, gen: Any) -> Any:
+        """``gen`` with trajectory ``i``'s forced prefix put in front (once: only the turn it opens)."""
+        prefix = self._forced.pop(i, None)
+        if not prefix:
+            return gen
+        logprobs = None if gen.logprobs is None else [0.0] * len(prefix) + list(gen.logprobs)
+        return dataclasses.replace(gen, ids=prefix + list(gen.ids), logprobs=logprobs)
+
     def _cancelled(self, t: Trajectory, i: int) -> bool:
         if self._hooks.cancelled is not None and self._hooks.cancelled(i):
             self._finish(t, "cancelled")
@@ -216,13 +255,14 @@ class AgentRollout:
             active = list(budgets)
             if not active:
                 break
-            gens = self.policy.generate([trajs[i].visible_ids() for i in active],
-                                        stop_strings=self.dialect.stop_strings,
-                                        max_new_tokens=[budgets[i] for i in active])
+            starts = [self._start(i, trajs[i], budgets[i]) for i in active]
+            gens = self.policy.generate([c for c, _ in starts], stop_strings=self.dialect.stop_strings,
+                                        max_new_tokens=[b for _, b in starts])
             if self._hooks.on_token is not None:
                 for i, gen in zip(active, gens, strict=True):
                     for token in gen.ids:
                         self._hooks.on_token(i, token)
+            gens = [self._whole_turn(i, g) for i, g in zip(active, gens, strict=True)]
             continuing, calls = self._turns(trajs, [(i, g, budgets[i]) for i, g in zip(active, gens, strict=True)])
             if calls:
                 self._observe_all(trajs, shown, self._submit(calls))
@@ -253,7 +293,7 @@ class AgentRollout:
                 if b is None:
                     continue
                 budgets[i] = b
-                row = session.add(trajs[i].visible_ids(), b, user=i)
+                row = session.add(*self._start(i, trajs[i], b), user=i)
                 row_of[row], row_for[i] = i, row
 
         def advance(i: int) -> None:
@@ -301,7 +341,7 @@ class AgentRollout:
                     for row, gen in stopped:
                         i = row_of[row]
                         turn_segment[i] = len(trajs[i].segments)
-                        turns.append((i, gen, budgets[i]))
+                        turns.append((i, self._whole_turn(i, gen), budgets[i]))
                     continuing, calls = self._turns(trajs, turns)
                     waiting = {c.index for c in calls}
                     for i, _, _ in turns:

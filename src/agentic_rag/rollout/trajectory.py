@@ -53,6 +53,9 @@ class Trajectory:
     num_turns: int = 0
     finish_reason: str = ""
     question: str = ""
+    # answer branching (:mod:`.branching`): the completion offset where this trajectory left the trunk it shares with
+    # its group; the tokens before it are that shared context (0: not a branch)
+    branch_start: int = 0
 
     # ------------------------------------------------------------------------------------ structure
 

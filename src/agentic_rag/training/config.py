@@ -189,6 +189,10 @@ class AlgorithmConfig:
     dynamic_sampling: bool | None = setting(None, "drop the groups whose rewards are all equal (no signal) and roll "
                                                   "out groups of further questions in their place (DAPO); default: "
                                                   "the preset's (on for dapo). Not for reinforce_pp*")
+    answer_branching: bool = setting(False, "each group is one question's greedy rollout cut after its answer tag "
+                                            "and num_generations answers sampled from there, trained on those "
+                                            "answers only: the same searches, the answers compared (the reading "
+                                            "signal; experiments/wiki/README.md)")
     max_extra_rollouts: int | None = setting(None, "the most rollouts dynamic sampling draws a process per "
                                                    "generation batch beyond it (default: as many as the batch)",
                                              min=0)

@@ -345,6 +345,7 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
         max_batch_size=cfg.sampling.max_batch_size, shuffle_rewards=cfg.algorithm.shuffle_rewards,
         dynamic_sampling=cfg.algorithm.dynamic_sampling, max_extra_rollouts=cfg.algorithm.max_extra_rollouts,
         max_search_failure_rate=cfg.search.max_failure_rate, search_timeout_s=cfg.search.timeout_s,
+        answer_branching=cfg.algorithm.answer_branching,
         peft_config=peft_config, callbacks=callbacks)
     trainer_ref.append(trainer)
     quiet_adapter_saves(trainer.model)

@@ -33,6 +33,13 @@ What it optimises (stated plainly, as every RL recipe should):
   top-k, a repetition penalty or decoding processors make the samples off-policy (the config check and the
   trainer warn). FSDP, and ZeRO-3 without ``ds3_gather_for_generation``, are refused: processes decode different
   numbers of steps, which sharded weights cannot serve (:mod:`agentic_rag.training.launch_checks`).
+* **Answer branching** (``algorithm.answer_branching``; :mod:`agentic_rag.rollout.branching`): a group is not
+  ``num_generations`` independent rollouts of its question but one greedy rollout of it (the trunk: its searches and
+  passages) cut just after its answer tag, and ``num_generations`` answers sampled from there; the advantage compares
+  those answers, and only the tokens after the branch point are in the loss (the trunk is their shared context, with
+  ``env_mask`` 0 as far as the loss is concerned). A trunk that did not answer gives a group of identical copies with
+  nothing to train on. This is a departure from GRPO's whole-trajectory groups, in the spirit of the tree rollouts of
+  TreeRL (Hou et al. 2025) and ARPO (Dong et al. 2025), with one branch point: it trains reading, not searching.
 * **Contexts.** After a backtrack or summary, later tokens were generated without the abandoned text; such
   trajectories are scored with a tree-shaped 4D attention mask and their own position ids
   (:mod:`agentic_rag.training.tree`), so every token's log-probability is computed under exactly the context it
@@ -61,6 +68,7 @@ from trl.models import unwrap_model_for_generation
 
 from ..data.prompts import build_prompt
 from ..rollout import AgentRollout, HFPolicy, SamplingParams
+from ..rollout.branching import answer_branches
 from ..rollout.settings import PromptSettings, RolloutSettings
 from ..rollout.trained_settings import resolved_prompt, write_settings
 from ..rollout.trajectory import ENV, MODEL, Trajectory, search_outcomes
@@ -96,6 +104,7 @@ class AgentSettings:
     max_extra_rollouts: int = 0  # the refills' cap, rollouts per process per generation batch
     max_search_failure_rate: float = 0.05  # the run stops when more of its searches fail (see _count_search_failures)
     search_timeout_s: float = 30.0  # one batch tool call
+    answer_branching: bool = False  # a group is one greedy trunk's answers (see _branched_rollouts)
 
 
 def save_trained_settings(agent: AgentSettings, tokenizer: Any, directory: str | os.PathLike) -> Path:
@@ -114,7 +123,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                  algorithm: str = DEFAULT_ALGORITHM, max_batch_size: int | None = None, processors=(),
                  shuffle_rewards: bool = False, dynamic_sampling: bool | None = None,
                  max_extra_rollouts: int | None = None, max_search_failure_rate: float = 0.05,
-                 search_timeout_s: float = 30.0, peft_config=None, callbacks=None):
+                 search_timeout_s: float = 30.0, answer_branching: bool = False, peft_config=None, callbacks=None):
         """``settings`` / ``prompt``: the config's ``rollout`` and ``prompt`` sections (defaults: a rollout within
         ``args.max_completion_length``), saved with every adapter."""
         preset = get_preset(algorithm)
@@ -148,7 +157,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                    shuffle_rewards=shuffle_rewards, dynamic_sampling=bool(dynamic_sampling),
                                    max_extra_rollouts=per_generation if max_extra_rollouts is None
                                    else max_extra_rollouts, max_search_failure_rate=max_search_failure_rate,
-                                   search_timeout_s=search_timeout_s)
+                                   search_timeout_s=search_timeout_s, answer_branching=answer_branching)
         self._search_totals = [0, 0]  # failed searches, searches, over the run (all processes)
         self._shuffle_step, self._shuffle_calls = -1, 0  # the shuffled-reward control's position (step, call)
         self._prompt_cache: dict[str, list[int]] = {}
@@ -215,9 +224,12 @@ class AgenticGRPOTrainer(GRPOTrainer):
             a = self.agent
             policy = HFPolicy(model, tok, sampling, max_batch_size=a.max_batch_size, processors=a.processors)
             started = time.perf_counter()
-            with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
-                trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
-                searching, waiting = engine.tool_seconds
+            if a.answer_branching:
+                trajs, searching, waiting = self._branched_rollouts(model, policy, prompts)
+            else:
+                with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
+                    trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
+                    searching, waiting = engine.tool_seconds
         # where a step's time goes (experiments/benchmarks/grpo_step_real.py): the rollout (decoding, and waiting
         # for searches where no decoding overlapped them), and the searches themselves
         mode = "train" if self.model.training else "eval"
@@ -233,15 +245,42 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 t.append([eos], ENV)
         self._last_trajectories = trajs
         self._active_layouts = [None if t.is_linear else TreeLayout(t) for t in trajs]
-        self._active_env = [t.env_mask for t in trajs]
+        # what is trained on: the model's tokens, after the branch point of an answer branch (its trunk is context)
+        trained = [[0] * t.branch_start + t.env_mask[t.branch_start:] if t.branch_start else t.env_mask
+                   for t in trajs]
+        self._active_env = trained
         self._log_rollouts(trajs)
         return {
             "prompt_ids": [t.prompt_ids for t in trajs],
             "completion_ids": [t.completion_ids for t in trajs],
             "logprobs": [t.logprobs for t in trajs] if all(t.logprobs is not None for t in trajs) else None,
-            "env_mask": [t.env_mask for t in trajs],
+            "env_mask": trained,
             "trajectory": [self._view(t) for t in trajs],
         }
+
+    def _branched_rollouts(self, model: Any, policy: HFPolicy, prompts: list[Any]) -> tuple[list[Trajectory], float,
+                                                                                          float]:
+        """Answer branching (:mod:`agentic_rag.rollout.branching`): each group's question rolled out once, greedily
+        (the trunk: what the policy searches and reads now, as validation sees it), then its ``num_generations``
+        answers sampled by ``policy`` from just after the trunk's answer tag. Returns the branches in TRL's order
+        (each group's rows together) and the seconds spent in and waiting for searches."""
+        a, tok = self.agent, self.processing_class
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        questions = prompts[::g]
+        if [q for q in questions for _ in range(g)] != list(prompts):
+            raise RuntimeError(f"answer branching needs each question's {g} rows together, as TRL's sampler "
+                               "repeats them")
+        greedy = HFPolicy(model, tok, SamplingParams(do_sample=False), max_batch_size=a.max_batch_size,
+                          return_logprobs=policy.return_logprobs, processors=a.processors)
+        with AgentRollout(greedy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
+            trunks = engine.run([self._prompt_ids(q) for q in questions], [str(q) for q in questions])
+            searching, waiting = engine.tool_seconds
+        with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
+            groups = answer_branches(engine, trunks, g)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["agentic/answer_branched_groups"].append(
+            sum(group[0].branch_start < len(group[0].completion_ids) for group in groups) / max(1, len(groups)))
+        return [t for group in groups for t in group], searching, waiting
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, then each optimizer step's rows dealt into micro-batches by length
