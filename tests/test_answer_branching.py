@@ -103,12 +103,16 @@ def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_di
     def script(context: str, turn: int) -> str | None:
         if context.rstrip().endswith("<answer>"):
             return None  # a branch: the model writes its answer
-        return "<search>Where</search>" if turn == 0 else "<answer>here</answer>"
+        if turn == 0:
+            return "<search>Where</search>"
+        return "I do not know." if "guild" in context else "<answer>here</answer>"  # the guild question: no answer
 
     from agentic_rag.models import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model_dir))
-    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, max_steps=1, answer_branching=True,
+    rows = [{"prompt": "Where was Sigun Dal born?", "answers": ["Treistholwick"]},
+            {"prompt": "Which guild does Damzim Dal work for?", "answers": ["Hollow Amber Guild"]}]
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, max_steps=1, answer_branching=True, rows=rows,
                            processors=[ScriptedTurns(tok, script)],
                            settings=RolloutSettings(max_turns=3, max_tokens_per_turn=12, max_completion_tokens=96,
                                                     passages_per_search=1, max_observation_tokens=48))
@@ -125,12 +129,18 @@ def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_di
     trainer.train()
     after = lora_state(trainer.model)
     assert seen
+    kinds = set()
     for prompts_, trajs, out in seen:
         g = trainer.num_generations
         for start in range(0, len(trajs), g):
             group = trajs[start:start + g]
             assert len(set(prompts_[start:start + g])) == 1
             point = group[0].branch_start
+            kinds.add("guild" in prompts_[start])
+            if "guild" in prompts_[start]:  # no answer, no branch point: copies, nothing trained on
+                assert all(b.completion_ids == group[0].completion_ids and b.finish_reason == "eos" for b in group)
+                assert all(sum(mask) == 0 for mask in out["env_mask"][start:start + g])
+                continue
             assert 0 < point < len(group[0].completion_ids)
             for b, mask in zip(group, out["env_mask"][start:start + g], strict=True):
                 assert b.branch_start == point and b.completion_ids[:point] == group[0].completion_ids[:point]
@@ -138,4 +148,8 @@ def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_di
                 assert tok.decode(b.completion_ids[:point]).endswith("<answer>")
                 assert b.num_searches == 1
                 assert mask == [0] * point + b.env_mask[point:] and sum(mask) > 0
+    assert kinds == {True, False}
+    history = trainer.state.log_history
+    assert [h["agentic/answer_branched_groups"] for h in history if "agentic/answer_branched_groups" in h] == [0.5]
+    assert all(torch.isfinite(after[n]).all() for n in after)
     assert any(not torch.equal(before[n], after[n]) for n in before), "the adapter did not change"

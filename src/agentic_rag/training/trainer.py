@@ -277,10 +277,11 @@ class AgenticGRPOTrainer(GRPOTrainer):
             searching, waiting = engine.tool_seconds
         with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
             groups = answer_branches(engine, trunks, g)
+            more, more_waiting = engine.tool_seconds  # a branch that searches instead of answering
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["agentic/answer_branched_groups"].append(
             sum(group[0].branch_start < len(group[0].completion_ids) for group in groups) / max(1, len(groups)))
-        return [t for group in groups for t in group], searching, waiting
+        return [t for group in groups for t in group], searching + more, waiting + more_waiting
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, then each optimizer step's rows dealt into micro-batches by length
