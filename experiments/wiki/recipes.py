@@ -42,6 +42,9 @@ RAGAS = ('[{name: em, weight: 1.0}, {name: format, weight: 0.2}, '
 MULTI = ("multi_hop",)
 LR3 = "3e-4"  # the learning rate the config shipped with first (1e-4 since: experiments/wiki/README.md)
 
+ANSWER_BRANCH = {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
+                 "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": 1e-4}
+
 # name -> what it changes against the shipped config (help), its --set overrides, the question kinds it trains on
 RECIPES: dict[str, dict[str, Any]] = {
     "start": {"help": "the config as first shipped: EM + 0.2 format, T 1.0, 8 questions x 4, lr 3e-4, 12 steps",
@@ -77,16 +80,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     "answer_branch": {"help": "answer branching: a group is one greedy trunk cut after its answer tag and 8 answers "
                               "sampled there (T 1.0), trained on the answers only; 8 questions x 8 answers, EM + 0.2 "
                               "format, lr 1e-4",
-                      "sets": {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
-                               "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": 1e-4}},
+                      "sets": ANSWER_BRANCH},
     "answer_branch_lr3e4": {"help": "answer_branch with learning rate 3e-4, 8 steps",
-                            "sets": {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
-                                     "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": LR3,
-                                     "algorithm.max_steps": 8}},
+                            "sets": {**ANSWER_BRANCH, "algorithm.learning_rate": LR3, "algorithm.max_steps": 8}},
     "answer_branch_control": {"help": "answer_branch with the rewards shuffled within each batch",
-                              "sets": {"algorithm.answer_branching": "true", "algorithm.num_generations": 8,
-                                       "algorithm.per_device_train_batch_size": 8, "algorithm.learning_rate": 1e-4,
-                                       "algorithm.shuffle_rewards": "true"}},
+                              "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}},
 }
 
 

@@ -46,8 +46,8 @@ class BranchPoint:
 
 
 def answer_branch_point(t: Trajectory, tokenizer: Any, answer_open: str) -> BranchPoint | None:
-    """The branch point of ``t``'s answer turn (see :class:`BranchPoint`); None when ``t`` did not end with an answer
-    or the open tag is not in that turn (a close tag alone)."""
+    """The branch point of ``t``'s answer turn (see :class:`BranchPoint`), at the first open tag the turn holds; None
+    when ``t`` did not end with an answer or the open tag is not in that turn (a close tag alone)."""
     if t.finish_reason != "answer" or not t.segments:
         return None
     index = len(t.segments) - 1
@@ -78,12 +78,11 @@ def stem(t: Trajectory, segment: int) -> Trajectory:
     the events of the turns before it, unfinished."""
     start = t.segments[segment].start
     turn = t.num_turns  # the answer turn is the last; its events carry its number
-    out = Trajectory(prompt_ids=list(t.prompt_ids), completion_ids=t.completion_ids[:start],
-                     env_mask=t.env_mask[:start], logprobs=None if t.logprobs is None else t.logprobs[:start],
-                     segments=copy.deepcopy(t.segments[:segment]),
-                     events=[copy.deepcopy(e) for e in t.events if e.get("turn", 0) < turn],
-                     num_searches=t.num_searches, num_turns=turn - 1, question=t.question)
-    return out
+    return Trajectory(prompt_ids=list(t.prompt_ids), completion_ids=t.completion_ids[:start],
+                      env_mask=t.env_mask[:start], logprobs=None if t.logprobs is None else t.logprobs[:start],
+                      segments=copy.deepcopy(t.segments[:segment]),
+                      events=[copy.deepcopy(e) for e in t.events if e.get("turn", 0) < turn],
+                      num_searches=t.num_searches, num_turns=turn - 1, question=t.question)
 
 
 def answer_branches(engine: AgentRollout, trunks: Sequence[Trajectory], n: int,

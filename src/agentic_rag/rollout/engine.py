@@ -49,6 +49,10 @@ prompt with an environment note holding the summary; ``"keep"`` leaves the conte
 every token's context a path from the prompt, which is what makes training-time scoring exact
 (:mod:`.scoring`).
 
+Continuing. :meth:`AgentRollout.continue_turns` takes unfinished trajectories (a trajectory cut before its last turn,
+say) and runs them on exactly as above, each one's next turn opening with ids the caller forces: answer branching
+(:mod:`.branching`) samples several answers after one trajectory's searches this way.
+
 An engine may be reused for many runs and closed when done (``close()`` or ``with AgentRollout(...) as
 engine``); a tool call that times out is abandoned on its daemon thread and never holds up later calls.
 """
