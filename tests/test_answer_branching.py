@@ -95,8 +95,10 @@ def test_continued_turns_are_scored_exactly_under_the_trunks_context(qwen_tokeni
 
 
 def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_dir, tmp_path):
-    """A real GRPO step with answer branching: each group is one greedy trunk (its searches run once) and its
-    answers; the loss sees only the tokens after the branch point, and the adapter changes."""
+    """A real GRPO step with answer branching: each group is one greedy trunk (its search, its passage) and its
+    answers; the loss sees only the tokens after the branch point, a trunk with no answer gives nothing to train on,
+    and the adapter changes."""
+    from agentic_rag.models import load_tokenizer
     from agentic_rag.serving.forcing import ScriptedTurns
     from test_training import lora_state, make_trainer
 
@@ -106,8 +108,6 @@ def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_di
         if turn == 0:
             return "<search>Where</search>"
         return "I do not know." if "guild" in context else "<answer>here</answer>"  # the guild question: no answer
-
-    from agentic_rag.models import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model_dir))
     rows = [{"prompt": "Where was Sigun Dal born?", "answers": ["Treistholwick"]},
