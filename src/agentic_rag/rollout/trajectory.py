@@ -119,6 +119,12 @@ class Trajectory:
         return asdict(self)
 
     @property
+    def trained_mask(self) -> list[int]:
+        """What a trainer may train on: ``env_mask`` with an answer branch's shared trunk (before ``branch_start``)
+        zeroed."""
+        return [0] * self.branch_start + self.env_mask[self.branch_start:]
+
+    @property
     def model_tokens(self) -> int:
         return sum(self.env_mask)
 

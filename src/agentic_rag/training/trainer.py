@@ -33,13 +33,10 @@ What it optimises (stated plainly, as every RL recipe should):
   top-k, a repetition penalty or decoding processors make the samples off-policy (the config check and the
   trainer warn). FSDP, and ZeRO-3 without ``ds3_gather_for_generation``, are refused: processes decode different
   numbers of steps, which sharded weights cannot serve (:mod:`agentic_rag.training.launch_checks`).
-* **Answer branching** (``algorithm.answer_branching``; :mod:`agentic_rag.rollout.branching`): a group is not
-  ``num_generations`` independent rollouts of its question but one greedy rollout of it (the trunk: its searches and
-  passages) cut just after its answer tag, and ``num_generations`` answers sampled from there; the advantage compares
-  those answers, and only the tokens after the branch point are in the loss (the trunk is their shared context, with
-  ``env_mask`` 0 as far as the loss is concerned). A trunk that did not answer gives a group of identical copies with
-  nothing to train on. This is a departure from GRPO's whole-trajectory groups, in the spirit of the tree rollouts of
-  TreeRL (Hou et al. 2025) and ARPO (Dong et al. 2025), with one branch point: it trains reading, not searching.
+* **Answer branching** (``algorithm.answer_branching``; :mod:`agentic_rag.rollout.branching`, which names the papers):
+  a group is one greedy rollout of its question cut just after its answer tag, and ``num_generations`` answers
+  sampled from there, not independent rollouts; the advantage compares the answers, and only the tokens after the
+  branch point are in the loss (``Trajectory.trained_mask``). A trunk with no answer gives copies, nothing trained.
 * **Contexts.** After a backtrack or summary, later tokens were generated without the abandoned text; such
   trajectories are scored with a tree-shaped 4D attention mask and their own position ids
   (:mod:`agentic_rag.training.tree`), so every token's log-probability is computed under exactly the context it
@@ -245,10 +242,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 t.append([eos], ENV)
         self._last_trajectories = trajs
         self._active_layouts = [None if t.is_linear else TreeLayout(t) for t in trajs]
-        # what is trained on: the model's tokens, after the branch point of an answer branch (its trunk is context)
-        trained = [[0] * t.branch_start + t.env_mask[t.branch_start:] if t.branch_start else t.env_mask
-                   for t in trajs]
-        self._active_env = trained
+        self._active_env = trained = [t.trained_mask for t in trajs]
         self._log_rollouts(trajs)
         return {
             "prompt_ids": [t.prompt_ids for t in trajs],
