@@ -5,9 +5,12 @@ by each recipe and scored greedily on the validation split while it trains (issu
 
 Each recipe is a set of ``--set`` overrides of ``experiments/training/wiki_grpo_smollm2.yaml`` (the quick start's
 training config), optionally with a training file restricted to some question kinds (``kinds``), in
-:data:`RECIPES`. A run validates greedily on the 200 validation questions every ``logging.validation_every`` steps
-and at its end (the SFT start's score is the quick start's ``eval/sft``, measured once, so the runs skip the
-step-0 validation): the curve says where a recipe peaks.
+:data:`RECIPES`. A recipe with ``split`` starts from an SFT adapter of its own, fitted on half the training
+questions (every other question of each kind, in file order: :func:`split_sft`), and trains GRPO on the other
+half, so its rollouts answer questions the SFT never saw (as validation does); its SFT start is scored the same
+way as the quick start's and recorded with it. A run validates greedily on the 200 validation questions every
+``logging.validation_every`` steps and at its end (the SFT start's score is the quick start's ``eval/sft``, or
+``eval/sft_split``, measured once, so the runs skip the step-0 validation): the curve says where a recipe peaks.
 
 Resumable: each finished (recipe, seed) is a JSON record under ``--record``/runs and is skipped; a run killed half
 way goes on from its last checkpoint. One run at a time, with every core. The record holds the validation curve
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -85,7 +89,42 @@ RECIPES: dict[str, dict[str, Any]] = {
                             "sets": {**ANSWER_BRANCH, "algorithm.learning_rate": LR3, "algorithm.max_steps": 8}},
     "answer_branch_control": {"help": "answer_branch with the rewards shuffled within each batch",
                               "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}},
+    "split_answer_branch": {"help": "answer_branch from an SFT adapter fitted on half the training questions, "
+                                    "trained on the other half (382 questions the SFT never saw)",
+                            "sets": ANSWER_BRANCH, "split": True},
+    "split_answer_branch_control": {"help": "split_answer_branch with the rewards shuffled within each batch",
+                                    "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}, "split": True},
+    "split_shipped": {"help": "the shipped whole-rollout recipe (8 questions x 4, EM + 0.2 format, lr 1e-4) from the "
+                              "half-split SFT adapter, trained on the other half",
+                      "sets": {}, "split": True},
 }
+
+
+def split_halves(s: wiki.WikiSettings) -> tuple[list[str], list[str]]:
+    """(SFT half, GRPO half) of the training file's lines: within each kind, alternately, in file order."""
+    seen: dict[str, int] = {}
+    halves: tuple[list[str], list[str]] = ([], [])
+    for line in open(s.train_file):
+        kind = json.loads(line)["kind"]
+        halves[seen.get(kind, 0) % 2].append(line)
+        seen[kind] = seen.get(kind, 0) + 1
+    return halves
+
+
+def split_sft(s: wiki.WikiSettings) -> Path:
+    """The SFT adapter of the split recipes (``OUT/sft_split``): the quick start's SFT (same settings) on the gold
+    trajectories of the SFT half only; made once, resumable. Also writes the GRPO half's training file."""
+    sft_half, grpo_half = split_halves(s)
+    grpo_file = s.out / "data" / "train_grpo_half.jsonl"
+    if not grpo_file.is_file():
+        grpo_file.write_text("".join(grpo_half))
+    ids = {json.loads(line)["id"] for line in sft_half}
+    data = s.out / "sft_data_split.jsonl"
+    if not data.is_file():
+        full = s.out / "sft_data.jsonl"
+        data.write_text("".join(line for line in open(full) if json.loads(line)["id"] in ids))
+        shutil.copy(f"{full}.settings.json", f"{data}.settings.json")
+    return wiki.sft(s, wiki.build_model(s), data=data, out=s.out / "sft_split")
 
 
 def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
@@ -94,7 +133,9 @@ def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
     sets = {"logging.validation_every": EVERY, "logging.validation_at_start": "false", "algorithm.max_steps": STEPS,
             "logging.validation_file": s.validation_file, **r["sets"]}
     kinds = r.get("kinds")
-    if kinds:
+    if r.get("split"):
+        sets["data.train_file"] = s.out / "data" / "train_grpo_half.jsonl"
+    elif kinds:
         path = s.out / "data" / f"train_{'_'.join(kinds)}.jsonl"
         if not path.is_file():
             path.write_text("".join(line for line in open(s.train_file) if json.loads(line)["kind"] in kinds))
@@ -122,9 +163,10 @@ def validation(run: Path) -> list[dict[str, Any]]:
 
 
 def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str, Any]:
+    sft_dir = split_sft(s) if RECIPES[name].get("split") else s.out / "sft"
     sets = recipe_sets(s, name)
     started = time.perf_counter()
-    run = train_run(s, s.out / "sft", f"{name}-seed{seed}", seed, sets, runs_dir=runs_dir)
+    run = train_run(s, sft_dir, f"{name}-seed{seed}", seed, sets, runs_dir=runs_dir)
     summary = json.loads((run / "train_summary.json").read_text())
     return {"recipe": name, "seed": seed, "help": RECIPES[name]["help"], "run": str(run),
             "sets": {k: str(v) for k, v in sets.items()}, "validation": validation(run), "curves": curves(run),
@@ -132,8 +174,12 @@ def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str,
             "peak_rss_mb": summary.get("peak_rss_mb")}
 
 
-def sft_start(s: wiki.WikiSettings) -> dict[str, Any]:
-    summ = wiki.evaluate(s, "sft", *models_of(s, s.out / "sft"))
+def sft_start(s: wiki.WikiSettings, split: bool = False) -> dict[str, Any]:
+    """The greedy validation scores of the SFT start (the split recipes': their own adapter's, ``eval/sft_split``)."""
+    if split:
+        summ = wiki.evaluate(s, "sft_split", *models_of(s, split_sft(s)))
+    else:
+        summ = wiki.evaluate(s, "sft", *models_of(s, s.out / "sft"))
     return {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
             **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
             "searches": summ["searches_per_question"]}
@@ -142,6 +188,8 @@ def sft_start(s: wiki.WikiSettings) -> dict[str, Any]:
 def brief(record: dict[str, Any]) -> dict[str, Any]:
     vs = record["validation"]
     return {"recipe": record["recipe"], "seed": record["seed"],
+            "sft_start": (round(record["sft_start"]["em"], 3), round(record["sft_start"].get("em_multi_hop", 0), 3))
+            if "sft_start" in record else None,
             "em": {v["step"]: round(v["eval/em"], 3) for v in vs},
             "em_multi_hop": {v["step"]: round(v.get("eval/em_multi_hop", float("nan")), 3) for v in vs},
             "searches": {v["step"]: round(v["eval/searches"], 2) for v in vs}}
@@ -178,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(json.loads(path.read_text()))
                 continue
             print(f"== {name}, seed {seed}: {RECIPES[name]['help']}", flush=True)
+            if RECIPES[name].get("split"):
+                print(f"   split SFT start: {json.dumps(sft_start(s, True))}", flush=True)
             record = one(s, name, seed, args.runs_dir)
             record["command"] = " ".join(["python", "experiments/wiki/recipes.py", *(argv or sys.argv[1:])])
-            record["sft_start"] = start
+            record["sft_start"] = sft_start(s, True) if RECIPES[name].get("split") else start
             path.write_text(json.dumps(record, indent=1) + "\n")
             records.append(record)
             print(f"   {json.dumps(brief(record))}", flush=True)

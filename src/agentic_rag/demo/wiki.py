@@ -195,14 +195,15 @@ def trajectories(s: WikiSettings, init: str) -> dict[str, Any]:
     return stats
 
 
-def sft(s: WikiSettings, init: str) -> Path:
-    """LoRA SFT on the gold trajectories (every weight of the tiny model); resumes an interrupted run."""
+def sft(s: WikiSettings, init: str, *, data: Path | None = None, out: Path | None = None) -> Path:
+    """LoRA SFT on the gold trajectories (every weight of the tiny model); resumes an interrupted run. ``data`` and
+    ``out``: other trajectories (default ``OUT/sft_data.jsonl``) and output directory (default ``OUT/sft``)."""
     from ..training import sft as sft_module
 
-    out = s.out / "sft"
+    out = out or s.out / "sft"
     if _done(out / "sft_summary.json"):
         return out
-    common = dict(model=init, data=str(s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
+    common = dict(model=init, data=str(data or s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
                   prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, seed=0, resume=None,
                   gradient_checkpointing=not s.tiny, save_steps=10, progress=True)
     # the real model at batch 8 of ~600-token trajectories peaks at 2.0 GB with checkpointing, 8.2 GB without
