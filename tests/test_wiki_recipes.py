@@ -29,3 +29,15 @@ def test_split_halves_are_disjoint_and_stratified(tmp_path: Path) -> None:
     assert count[0] == Counter(multi_hop=4, pick_one=2, yes_no=2)
     assert count[1] == Counter(multi_hop=3, pick_one=2, yes_no=1)
     assert ids[0][:3] == ["q0", "q2", "q4"]  # every other question of a kind, in file order
+
+
+def test_split_recipe_trains_on_the_grpo_half_of_its_kinds(tmp_path: Path) -> None:
+    kinds = ["multi_hop", "pick_one", "multi_hop", "yes_no", "multi_hop", "multi_hop"]
+    (tmp_path / "data").mkdir()
+    s = wiki.WikiSettings(out=tmp_path, seeds=[0])
+    s.train_file.write_text("".join(json.dumps({"id": f"q{i}", "kind": k}) + "\n" for i, k in enumerate(kinds)))
+    (tmp_path / "data" / "train_grpo_half.jsonl").write_text("".join(recipes.split_halves(s)[1]))
+    sets = recipes.recipe_sets(s, "split_answer_branch_multi_lr3e4")
+    assert [json.loads(line)["id"] for line in open(sets["data.train_file"])] == ["q2", "q5"]
+    assert Path(recipes.recipe_sets(s, "split_shipped")["data.train_file"]).name == "train_grpo_half.jsonl"
+    assert "data.train_file" not in recipes.recipe_sets(s, "shipped")

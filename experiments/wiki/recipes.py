@@ -94,6 +94,10 @@ RECIPES: dict[str, dict[str, Any]] = {
                             "sets": ANSWER_BRANCH, "split": True},
     "split_answer_branch_control": {"help": "split_answer_branch with the rewards shuffled within each batch",
                                     "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}, "split": True},
+    "split_answer_branch_multi_lr3e4": {"help": "split_answer_branch on the GRPO half's multi-hop questions only "
+                                                "(203), lr 3e-4, 8 steps",
+                                        "sets": {**ANSWER_BRANCH, "algorithm.learning_rate": LR3,
+                                                 "algorithm.max_steps": 8}, "split": True, "kinds": MULTI},
     "split_shipped": {"help": "the shipped whole-rollout recipe (8 questions x 4, EM + 0.2 format, lr 1e-4) from the "
                               "half-split SFT adapter, trained on the other half",
                       "sets": {}, "split": True},
@@ -133,13 +137,14 @@ def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
     sets = {"logging.validation_every": EVERY, "logging.validation_at_start": "false", "algorithm.max_steps": STEPS,
             "logging.validation_file": s.validation_file, **r["sets"]}
     kinds = r.get("kinds")
-    if r.get("split"):
-        sets["data.train_file"] = s.out / "data" / "train_grpo_half.jsonl"
-    elif kinds:
-        path = s.out / "data" / f"train_{'_'.join(kinds)}.jsonl"
+    train_file = s.out / "data" / "train_grpo_half.jsonl" if r.get("split") else s.train_file
+    if kinds:
+        path = s.out / "data" / f"{train_file.stem}_{'_'.join(kinds)}.jsonl"
         if not path.is_file():
-            path.write_text("".join(line for line in open(s.train_file) if json.loads(line)["kind"] in kinds))
-        sets["data.train_file"] = path
+            path.write_text("".join(line for line in open(train_file) if json.loads(line)["kind"] in kinds))
+        train_file = path
+    if train_file != s.train_file:
+        sets["data.train_file"] = train_file
     return sets
 
 
