@@ -101,6 +101,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "split_shipped": {"help": "the shipped whole-rollout recipe (8 questions x 4, EM + 0.2 format, lr 1e-4) from the "
                               "half-split SFT adapter, trained on the other half",
                       "sets": {}, "split": True},
+    "split_control": {"help": "split_shipped with the rewards shuffled within each batch",
+                      "sets": {"algorithm.shuffle_rewards": "true"}, "split": True},
 }
 
 
