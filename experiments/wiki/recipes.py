@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from agentic_rag.demo import wiki  # noqa: E402
 from agentic_rag.demo.quickstart import models_of, train_run  # noqa: E402
+from agentic_rag.outputs import atomic_write_text  # noqa: E402
 
 EVERY = 4  # validation every 4 steps
 STEPS = 12  # every recipe's length unless it says (the shipped config stops at 4, the curves' peak)
@@ -90,7 +91,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "answer_branch_control": {"help": "answer_branch with the rewards shuffled within each batch",
                               "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}},
     "split_answer_branch": {"help": "answer_branch from an SFT adapter fitted on half the training questions, "
-                                    "trained on the other half (382 questions the SFT never saw)",
+                                    "trained on the other half (381 questions the SFT never saw)",
                             "sets": ANSWER_BRANCH, "split": True},
     "split_answer_branch_control": {"help": "split_answer_branch with the rewards shuffled within each batch",
                                     "sets": {**ANSWER_BRANCH, "algorithm.shuffle_rewards": "true"}, "split": True},
@@ -123,13 +124,13 @@ def split_sft(s: wiki.WikiSettings) -> Path:
     sft_half, grpo_half = split_halves(s)
     grpo_file = s.out / "data" / "train_grpo_half.jsonl"
     if not grpo_file.is_file():
-        grpo_file.write_text("".join(grpo_half))
+        atomic_write_text(grpo_file, "".join(grpo_half))
     ids = {json.loads(line)["id"] for line in sft_half}
     data = s.out / "sft_data_split.jsonl"
     if not data.is_file():
         full = s.out / "sft_data.jsonl"
-        data.write_text("".join(line for line in open(full) if json.loads(line)["id"] in ids))
         shutil.copy(f"{full}.settings.json", f"{data}.settings.json")
+        atomic_write_text(data, "".join(line for line in open(full) if json.loads(line)["id"] in ids))
     return wiki.sft(s, wiki.build_model(s), data=data, out=s.out / "sft_split")
 
 
@@ -143,7 +144,7 @@ def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
     if kinds:
         path = s.out / "data" / f"{train_file.stem}_{'_'.join(kinds)}.jsonl"
         if not path.is_file():
-            path.write_text("".join(line for line in open(train_file) if json.loads(line)["kind"] in kinds))
+            atomic_write_text(path, "".join(line for line in open(train_file) if json.loads(line)["kind"] in kinds))
         train_file = path
     if train_file != s.train_file:
         sets["data.train_file"] = train_file
