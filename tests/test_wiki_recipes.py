@@ -36,7 +36,7 @@ def test_split_recipe_trains_on_the_grpo_half_of_its_kinds(tmp_path: Path) -> No
     (tmp_path / "data").mkdir()
     s = wiki.WikiSettings(out=tmp_path, seeds=[0])
     s.train_file.write_text("".join(json.dumps({"id": f"q{i}", "kind": k}) + "\n" for i, k in enumerate(kinds)))
-    (tmp_path / "data" / "train_grpo_half.jsonl").write_text("".join(recipes.split_halves(s)[1]))
+    recipes.grpo_half_file(s).write_text("".join(recipes.split_halves(s)[1]))
     sets = recipes.recipe_sets(s, "split_answer_branch_multi_lr3e4")
     assert [json.loads(line)["id"] for line in open(sets["data.train_file"])] == ["q2", "q5"]
     assert Path(recipes.recipe_sets(s, "split_shipped")["data.train_file"]).name == "train_grpo_half.jsonl"

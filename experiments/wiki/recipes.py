@@ -118,11 +118,16 @@ def split_halves(s: wiki.WikiSettings) -> tuple[list[str], list[str]]:
     return halves
 
 
+def grpo_half_file(s: wiki.WikiSettings) -> Path:
+    """The training file of the split recipes: the GRPO half (written by :func:`split_sft`)."""
+    return s.out / "data" / "train_grpo_half.jsonl"
+
+
 def split_sft(s: wiki.WikiSettings) -> Path:
     """The SFT adapter of the split recipes (``OUT/sft_split``): the quick start's SFT (same settings) on the gold
     trajectories of the SFT half only; made once, resumable. Also writes the GRPO half's training file."""
     sft_half, grpo_half = split_halves(s)
-    grpo_file = s.out / "data" / "train_grpo_half.jsonl"
+    grpo_file = grpo_half_file(s)
     if not grpo_file.is_file():
         atomic_write_text(grpo_file, "".join(grpo_half))
     ids = {json.loads(line)["id"] for line in sft_half}
@@ -140,7 +145,7 @@ def recipe_sets(s: wiki.WikiSettings, name: str) -> dict[str, Any]:
     sets = {"logging.validation_every": EVERY, "logging.validation_at_start": "false", "algorithm.max_steps": STEPS,
             "logging.validation_file": s.validation_file, **r["sets"]}
     kinds = r.get("kinds")
-    train_file = s.out / "data" / "train_grpo_half.jsonl" if r.get("split") else s.train_file
+    train_file = grpo_half_file(s) if r.get("split") else s.train_file
     if kinds:
         path = s.out / "data" / f"{train_file.stem}_{'_'.join(kinds)}.jsonl"
         if not path.is_file():
@@ -234,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(json.loads(path.read_text()))
                 continue
             print(f"== {name}, seed {seed}: {RECIPES[name]['help']}", flush=True)
+            own_start = start
             if RECIPES[name].get("split"):
-                print(f"   split SFT start: {json.dumps(sft_start(s, True))}", flush=True)
+                own_start = sft_start(s, True)
+                print(f"   split SFT start: {json.dumps(own_start)}", flush=True)
             record = one(s, name, seed, args.runs_dir)
             record["command"] = " ".join(["python", "experiments/wiki/recipes.py", *(argv or sys.argv[1:])])
-            record["sft_start"] = sft_start(s, True) if RECIPES[name].get("split") else start
-            path.write_text(json.dumps(record, indent=1) + "\n")
+            record["sft_start"] = own_start
+            atomic_write_text(path, json.dumps(record, indent=1) + "\n")
             records.append(record)
             print(f"   {json.dumps(brief(record))}", flush=True)
     print(json.dumps({"sft_start": start, "runs": [brief(r) for r in records],
