@@ -3,9 +3,12 @@
 # repository root): .whl (the pinned wheels the GPU image lacks, for its Python 3.12), .devdata (the quick start's
 # data, SFT adapter and these scripts; bitsandbytes cut to its CUDA 13 library), .gg1 and .gg2 (the model's GGUF in
 # two halves: one call carries at most 64 MiB). The order of the device calls: experiments/wiki/README.md.
-#   bash experiments/wiki/device/prepare.sh outputs/quickstart_wiki
+#   bash experiments/wiki/device/prepare.sh outputs/quickstart_wiki [ADAPTER_DIR]
+# ADAPTER_DIR: the SFT adapter the runs start from (default the quick start's sft/; OUT/sft_split for the sweep's
+# abs recipes, which also need the GRPO half's files that recipes.py's split_sft writes).
 set -euo pipefail
-QS=${1:?usage: prepare.sh QUICKSTART_OUTPUT_DIR}
+QS=${1:?usage: prepare.sh QUICKSTART_OUTPUT_DIR [ADAPTER_DIR]}
+ADAPTER=${2:-$QS/sft}
 HERE=experiments/wiki/device
 EXCLUDE=$(git rev-parse --git-path info/exclude)
 for d in /.whl/ /.devdata/ /.gg1/ /.gg2/; do grep -qxF "$d" "$EXCLUDE" 2>/dev/null || echo "$d" >> "$EXCLUDE"; done
@@ -22,7 +25,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
  find bitsandbytes -name 'libbitsandbytes_*.so' ! -name '*cuda130*' ! -name '*cpu*' -delete)
 cp "$QS"/data/train.jsonl "$QS"/data/validation.jsonl "$QS"/index/manifest.json .devdata/
 gzip -c "$QS"/data/corpus.jsonl > .devdata/corpus.jsonl.gz
-cp "$QS"/sft/{adapter_config.json,adapter_model.safetensors,agentic_rag.json,chat_template.jinja,tokenizer.json,tokenizer_config.json} .devdata/sft/
+cp "$ADAPTER"/{adapter_config.json,adapter_model.safetensors,agentic_rag.json,chat_template.jinja,tokenizer.json,tokenizer_config.json} .devdata/sft/
+if [ -f "$QS"/data/train_grpo_half.jsonl ]; then  # the abs recipes' training files (sweep.py SPLIT, SPLIT_MULTI)
+  grep -v '"kind": "yes_no"' "$QS"/data/train_grpo_half.jsonl > .devdata/train_split_noyn.jsonl
+  grep '"kind": "multi_hop"' "$QS"/data/train_grpo_half.jsonl > .devdata/train_split_multi.jsonl
+fi
 head -16 "$QS"/sft_data.jsonl > .devdata/sft16.jsonl
 cp "$QS"/sft_data.jsonl "$QS"/sft_data.jsonl.settings.json .devdata/   # part_sft.py's weaker starts
 cp $HERE/sitecustomize.py $HERE/sweep.py $HERE/part_sft.py $HERE/smoke.sh .devdata/

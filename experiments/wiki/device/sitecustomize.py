@@ -48,6 +48,11 @@ def _open(*args, **kwargs):
     return ScreeningBM25()
 
 
+if os.environ.get("AGENTIC_RAG_DEV_MEMFRAC"):  # several runs share one GPU: each frees its cache at this share
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(float(os.environ["AGENTIC_RAG_DEV_MEMFRAC"]))
+
 if _CORPUS:
     import agentic_rag.search as _search
 

@@ -8,7 +8,11 @@ curves come back as one JSON line, the logs and per-question answers in ``$OUT/s
 RECIPES=a,b@1,c+half picks the runs: @N a seed, +X the adapter in /tmp/sft_X (part_sft.py) instead of the SFT's; a
 run whose /tmp/sft_X is still being trained (part_sft.py started beside this script) starts once /tmp/sft_X.done
 appears. The ``cur`` recipes train on ``$SCREEN_DATA/train_cur.jsonl`` (the training questions the SFT start answers
-wrong greedily, made off the device).
+wrong greedily, made off the device); the ``abs`` recipes (answer branching on the GRPO half of recipes.py's half
+split) read ``$SCREEN_DATA/train_split_noyn.jsonl`` / ``train_split_multi.jsonl`` and want ADAPTER to be the split
+SFT adapter (prepare.sh QS QS/sft_split puts it in .devdata/sft). SAVE=N checkpoints every N steps; MEMFRAC=F caps
+each run at that share of the GPU's memory (several runs share one card); ADAPTERS_BACK=N returns the latest
+checkpoint's adapter of the N best non-control runs, in two halves each (``cat NAME.a NAME.b``).
 
 Search is experiments/wiki/device/sitecustomize.py's bm25s stand-in for Pyserini.
 """
@@ -65,6 +69,24 @@ RECIPES |= {
     "cur_control": {**CUR, "algorithm.shuffle_rewards": "true"},
     "cur_f1": {**CUR, "rewards": F1},
 }
+# answer branching (a group is one greedy trunk's answers, trained on the answers only) on the GRPO half of the
+# half-split (recipes.py split_halves; ADAPTER is then the SFT adapter fitted on the other half), its yes/no
+# questions left out (answer branching turned the start's all-"yes" into "no" on CPU): 8 trunks x 16 answers a step
+AB = {
+    "algorithm.answer_branching": "true",
+    "algorithm.learning_rate": "1e-4",
+    "algorithm.num_generations": 16,
+    "algorithm.per_device_train_batch_size": 16,
+    "algorithm.gradient_accumulation_steps": 8,
+    "data.train_file": "SPLIT",
+}
+RECIPES |= {
+    "abs": AB,
+    "abs_control": {**AB, "algorithm.shuffle_rewards": "true"},
+    "abs_lr2e4": {**AB, "algorithm.learning_rate": "2e-4"},
+    "abs_multi": {**AB, "data.train_file": "SPLIT_MULTI"},
+    "abs_f1": {**AB, "rewards": F1},
+}
 
 
 def main() -> None:
@@ -78,7 +100,8 @@ def main() -> None:
     names = os.environ.get("RECIPES", ",".join(RECIPES)).split(",")
     multi = Path("/tmp/train_multi_hop.jsonl")
     multi.write_text("".join(x for x in open(f"{DATA}/train.jsonl") if json.loads(x)["kind"] == "multi_hop"))
-    files = {"MULTI": multi, "CUR": Path(DATA, "train_cur.jsonl")}
+    files = {"MULTI": multi, "CUR": Path(DATA, "train_cur.jsonl"), "SPLIT": Path(DATA, "train_split_noyn.jsonl"),
+             "SPLIT_MULTI": Path(DATA, "train_split_multi.jsonl")}
     procs, waiting = {}, {}
     for n, name in enumerate(names):
         name_start, _, start = name.partition("+")  # "+X": from the adapter in /tmp/sft_X (part_sft.py)
@@ -93,7 +116,7 @@ def main() -> None:
             "data.train_file": f"{DATA}/train.jsonl",
             "search.index": index,
             "checkpoint.output_dir": runs / name,
-            "checkpoint.save_steps": 1000,
+            "checkpoint.save_steps": int(os.environ.get("SAVE", 1000)),
             "seed": int(seed or 0),
             "logging.validation_file": f"{DATA}/validation.jsonl",
             "logging.validation_every": int(os.environ.get("EVERY", 4)),
@@ -116,7 +139,10 @@ def main() -> None:
             cmd += ["--set", f"{key}={value}"]
         waiting[name] = (Path(f"{adapter}.done") if start else None, cmd)
         (runs / f"{name}.log").write_text("")
-    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", JAX_PLATFORMS="cpu",
+               PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    if os.environ.get("MEMFRAC"):  # each run's share of the GPU's memory (sitecustomize.py applies it)
+        env["AGENTIC_RAG_DEV_MEMFRAC"] = os.environ["MEMFRAC"]
     while time.time() < deadline and (waiting or any(p.poll() is None for p in procs.values())):
         for name, (done, cmd) in list(waiting.items()):
             if done is None or done.exists():
@@ -150,7 +176,28 @@ def main() -> None:
             for f in ("validation.jsonl", "validation", "train_summary.json"):
                 if (runs / name / f).exists():
                     tar.add(runs / name / f, arcname=f"{name}/{f}")
+    adapters_back(out_dir, runs, result, int(os.environ.get("ADAPTERS_BACK", 0)))
     print(json.dumps(result))
+
+
+def adapters_back(out_dir: Path, runs: Path, result: dict, n: int) -> None:
+    """The latest checkpoint's adapter of the ``n`` runs (controls left out) with the best last validation EM, each
+    in two halves (one returned file holds at most 16 MiB): ``cat NAME.a NAME.b > adapter_model.safetensors``."""
+    def last_em(name: str) -> float:
+        val = result[name]["val"]
+        return val[max(val)][0] if val else -1.0
+
+    done = [x for x in result if "control" not in x and last_em(x) >= 0]
+    for name in sorted(done, key=last_em, reverse=True)[:n]:
+        ckpts = sorted((runs / name).glob("checkpoint-*/adapter_model.safetensors"),
+                       key=lambda f: int(f.parent.name.split("-")[1]))
+        if not ckpts:
+            continue
+        data, safe = ckpts[-1].read_bytes(), re.sub(r"[^A-Za-z0-9._-]", "_", name)
+        half = (len(data) + 1) // 2
+        (out_dir / f"{safe}.{ckpts[-1].parent.name}.a").write_bytes(data[:half])
+        (out_dir / f"{safe}.{ckpts[-1].parent.name}.b").write_bytes(data[half:])
+        result[name]["adapter_back"] = ckpts[-1].parent.name
 
 
 if __name__ == "__main__":
