@@ -125,6 +125,22 @@ def test_samples_give_exact_pass_at_n_mean_and_mixed_share_and_resume(tmp_path, 
     assert "| sampled | 2 | 0.667 | 0.667 | 0.667 | 0.500 | 0.500 | 0.500 | 0.333 |" in md
 
 
+def test_each_sample_lists_its_own_queries(tmp_path, qwen_tokenizer):
+    """Rejection sampling replays a right sample's searches: each sample records the queries it made."""
+    row = dev_rows(1)[0]
+    # side by side: sample 0 gets the first turn (a search), sample 1 the second (an answer); then sample 0 answers
+    turns = {row["question"]: ["<search>alpha query</search>", f"<answer>{WRONG}</answer>",
+                               f"<answer>{row['answer']}</answer>"]}
+    cfg = config(tmp_path, shared(DEV), dataset={"limit": 1}, samples=2, sampling={"temperature": 1.0},
+                 search={"index": ""})
+    run_evaluation(cfg, policy=TablePolicy(qwen_tokenizer, turns), tokenizer=qwen_tokenizer,
+                   searcher=OneHitSearcher(), progress=False)
+    (rec,) = records(tmp_path / "run")
+    assert [s["queries"] for s in rec["samples"]] == [["alpha query"], []]
+    assert [s["metrics"]["em"] for s in rec["samples"]] == [1.0, 0.0]
+    assert rec["queries"] == ["alpha query"]  # the record is the first sample's
+
+
 def test_samples_need_a_temperature_and_reach_the_command_line(tmp_path, capsys):
     with pytest.raises(EvalConfigError, match=r"samples is 3 but sampling.temperature is 0 \(greedy\)"):
         config(tmp_path, shared(DEV), samples=3)

@@ -254,12 +254,18 @@ def _scores(row: QARow, traj, metrics: list[str], verdict) -> dict[str, float | 
                            judge=None if verdict is None else verdict.value)
 
 
+def _queries(traj) -> list[str]:
+    """The queries a trajectory searched, in order."""
+    return [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
+
+
 def _sample(row: QARow, traj, metrics: list[str], verdict) -> dict[str, Any]:
-    """One sample of a question (``samples`` > 1): its answer, metrics, ending and searches."""
+    """One sample of a question (``samples`` > 1): its answer, metrics, ending and searches (the queries too, so a
+    right sample's searches can be replayed as a training trajectory: rejection sampling)."""
     failed, made = search_outcomes(traj.events)
     out: dict[str, Any] = {"prediction": traj.answer, "metrics": _scores(row, traj, metrics, verdict),
                            "finish_reason": traj.finish_reason, "num_searches": traj.num_searches,
-                           "search_errors": failed, "searches_made": made}
+                           "queries": _queries(traj), "search_errors": failed, "searches_made": made}
     if verdict is not None:
         out["judge"] = {"status": verdict.status, "reply": verdict.raw}
     return out
@@ -270,12 +276,11 @@ def _record(row: QARow, traj, metrics: list[str], latency: float, verdict,
     """A question's line: its first sample's fields, then ``samples`` (all of them, when more than one) and
     ``retrieval`` (``naive_rag``'s search)."""
     scores = samples[0]["metrics"] if samples else _scores(row, traj, metrics, verdict)
-    queries = [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
     failed, made = search_outcomes(traj.events)
     rec: dict[str, Any] = {
         "id": row.id, "question": row.question, "gold": row.answers, "prediction": traj.answer, "metrics": scores,
         "finish_reason": traj.finish_reason, "num_searches": traj.num_searches, "num_turns": traj.num_turns,
-        "queries": queries,
+        "queries": _queries(traj),
         "search_errors": failed, "searches_made": made,
         "latency_s": round(latency, 4), "completion_tokens": len(traj.completion_ids),
         "model_tokens": traj.model_tokens, "trajectory": traj.text,
