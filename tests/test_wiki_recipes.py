@@ -1,5 +1,6 @@
 """The wiki recipe search's split (experiments/wiki/recipes.py): the SFT half and the GRPO half of the training
-questions are disjoint, cover the file, and keep each kind's share."""
+questions are disjoint, cover the file, and keep each kind's share; the rejection-sampling experiment's choice of
+samples (experiments/wiki/rft.py)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,43 @@ def test_split_recipe_trains_on_the_grpo_half_of_its_kinds(tmp_path: Path) -> No
     assert [json.loads(line)["id"] for line in open(sets["data.train_file"])] == ["q2", "q5"]
     assert Path(recipes.recipe_sets(s, "split_shipped")["data.train_file"]).name == "train_grpo_half.jsonl"
     assert "data.train_file" not in recipes.recipe_sets(s, "shipped")
+
+
+def test_rejection_sampling_keeps_right_distinct_searching_samples_and_the_control_as_many(tmp_path: Path) -> None:
+    import rft
+
+    def sample(answer: str, em: float, queries: list[str], finish: str = "answer") -> dict:
+        return {"prediction": answer, "metrics": {"em": em}, "finish_reason": finish, "queries": queries}
+
+    recs = [
+        {"id": "a", "meta": {"kind": "multi_hop"}, "samples": [
+            sample("Paris", 1.0, ["X", "Y"]), sample("Paris", 1.0, ["X", "Y"]),  # the same search and answer: once
+            sample("Paris", 1.0, ["X", "Z"]), sample("Lyon", 0.0, ["X"])]},
+        {"id": "b", "meta": {"kind": "pick_one"}, "samples": [
+            sample("Bob", 1.0, []),  # right without searching: not kept
+            sample("Bob", 1.0, ["B"], finish="max_turns"), sample("Al", 0.0, ["A"]), sample("Al", 0.0, ["A"])]},
+        {"id": "c", "meta": {"kind": "multi_hop"}, "samples": [sample("1900", 1.0, ["C"])]},
+    ]
+    preds = tmp_path / "predictions.jsonl"
+    preds.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    picks = rft.chosen(preds, control=False)
+    assert [(rec["id"], [(x["prediction"], x["queries"]) for x in keep]) for rec, keep in picks] == [
+        ("a", [("Paris", ["X", "Y"]), ("Paris", ["X", "Z"])]), ("c", [("1900", ["C"])])]
+    control = rft.chosen(preds, control=True)  # as many per question, drawn among its answered samples that searched
+    assert [(rec["id"], len(keep)) for rec, keep in control] == [("a", 2), ("c", 1)]
+    assert all(x in [y for y in rec["samples"] if y["queries"] and y["finish_reason"] == "answer"]
+               for rec, keep in control for x in keep)
+    assert rft.chosen(preds, control=True) == control  # seeded
+
+    (tmp_path / "data").mkdir()
+    s = wiki.WikiSettings(out=tmp_path, seeds=[0])
+    train = [{"id": i, "question": f"Question {i}?", "answer": "gold", "kind": "multi_hop", "type": "compositional"}
+             for i in "abc"]
+    s.train_file.write_text("".join(json.dumps(r) + "\n" for r in train))
+    out = tmp_path / "questions.jsonl"
+    assert rft.scripted_questions(s, picks, out) == 3
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0] == {"id": "a-s0", "question": "Question a?", "answer": "Paris", "kind": "multi_hop",
+                       "type": "compositional", "hop_queries": ["X", "Y"]}
+    assert [(r["id"], r["hop_queries"], r["answer"]) for r in rows[1:]] == [("a-s1", ["X", "Z"], "Paris"),
+                                                                         ("c-s0", ["C"], "1900")]
