@@ -6,6 +6,9 @@ every ``agentic_rag.search.open_searcher`` call then answers with bm25s over tha
 gold queries its top passage is Pyserini's in 98% of them, and the SFT adapter's greedy validation score through it
 is Pyserini's to the third decimal (0.475 / multi-hop 0.301). For screening recipes only: every number the project
 reports is measured through Pyserini.
+
+With ``AGENTIC_RAG_DEV_MEMFRAC`` set (sweep.py's MEMFRAC), each process caps its share of the GPU's memory
+(``torch.cuda.set_per_process_memory_fraction``), so several runs share one card without one taking it all.
 """
 
 import json

@@ -16,8 +16,8 @@ with :class:`~agentic_rag.rollout.AgentRollout`, ask the judge, score, and appen
   model_tokens, trajectory`` (the completion text: model turns and
   observations) and a little ``meta`` (question kind and type, level, options); with ``samples: N`` > 1 these
   are the first sample's, and ``samples`` lists every sample's ``prediction, metrics, finish_reason,
-  num_searches, search_errors, searches_made``; in ``naive_rag`` mode, ``retrieval`` holds the question's query,
-  the docids and titles put in the prompt, and the search error if there was one;
+  num_searches, queries, search_errors, searches_made``; in ``naive_rag`` mode, ``retrieval`` holds the
+  question's query, the docids and titles put in the prompt, and the search error if there was one;
 * ``summary.json``: the run's summary (:func:`~.metrics.summarize`: with samples, ``samples.pass_at_n``,
   ``mean_over_samples`` and ``mixed_share``; with question kinds or types, ``by_kind`` / ``by_type``), the
   ``mode`` and the config that made it;
