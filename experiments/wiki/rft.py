@@ -17,8 +17,9 @@ no rationalization (no gold-answer hints for the questions it got wrong).
 among all the question's answered samples that searched, whatever their answer: what the filter adds over SFT on
 the model's own rollouts.
 
-Resumable: each stage is skipped when its output is complete. The record goes to ``--record``/runs/rft[_control].json;
-the last line printed is one JSON object.
+Resumable: each stage is skipped when its output is complete. The record goes to
+``--record``/runs/rft[_control][_seedN].json (``--sft-seed N``: the same kept trajectories, another SFT seed); the last
+line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -136,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory")
     ap.add_argument("--samples", type=int, default=4, help="rollouts sampled per question (temperature 1)")
     ap.add_argument("--control", action="store_true", help="keep samples regardless of their answer (see above)")
+    ap.add_argument("--sft-seed", type=int, default=0, help="the SFT's seed (the samples are the same for every seed)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
     saved = json.loads((args.quickstart / "settings.json").read_text())
     if saved.get("tiny") or saved.get("task") != "wiki":
         raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
     s = wiki.WikiSettings(out=args.quickstart.resolve(), seeds=[0], questions=saved.get("questions"))
-    name = "rft_control" if args.control else "rft"
+    kind = "rft_control" if args.control else "rft"  # the kept trajectories are the same for every --sft-seed
+    name = kind + (f"_seed{args.sft_seed}" if args.sft_seed else "")
     started = time.perf_counter()
     split_dir = split_sft(s)
     start = sft_start(s, True)
@@ -153,21 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"samples: {json.dumps(sampled.get('samples'))}", flush=True)
     picks = chosen(s.out / "eval" / f"rft_samples{args.samples}" / "predictions.jsonl", args.control)
     kept = {k: sum(len(keep) for rec, keep in picks if rec.get("meta", {}).get("kind") == k) for k in KINDS}
-    questions = s.out / "data" / f"{name}_questions.jsonl"
+    questions = s.out / "data" / f"{kind}_questions.jsonl"
     n = scripted_questions(s, picks, questions)
     print(f"kept {n} trajectories of {len(picks)} questions: {kept}", flush=True)
-    trajs = s.out / f"sft_data_{name}_replayed.jsonl"
+    trajs = s.out / f"sft_data_{kind}_replayed.jsonl"
     replayed = replay(s, questions, trajs) if not trajs.is_file() else {"replayed": sum(1 for _ in open(trajs))}
-    data = s.out / f"sft_data_{name}.jsonl"
+    data = s.out / f"sft_data_{kind}.jsonl"
     if not data.is_file():
         shutil.copy(s.out / "sft_data_split.jsonl.settings.json", f"{data}.settings.json")
         atomic_write_text(data, (s.out / "sft_data_split.jsonl").read_text() + trajs.read_text())
-    adapter = wiki.sft(s, wiki.build_model(s), data=data, out=s.out / f"sft_{name}")
+    adapter = wiki.sft(s, wiki.build_model(s), data=data, out=s.out / f"sft_{name}", seed=args.sft_seed)
     summ = wiki.evaluate(s, f"sft_{name}", *models_of(s, adapter))
     after = {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
              **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
              "searches": summ["searches_per_question"]}
-    record = {"recipe": name, "samples_per_question": args.samples, "sampled": sampled.get("samples"),
+    record = {"recipe": name, "sft_seed": args.sft_seed, "samples_per_question": args.samples,
+              "sampled": sampled.get("samples"),
               "sampled_by_kind": sampled_by_kind(s.out / "eval" / f"rft_samples{args.samples}" / "predictions.jsonl"),
               "flips_vs_start": flips(s.out / "eval" / "sft_split" / "predictions.jsonl",
                                       s.out / "eval" / f"sft_{name}" / "predictions.jsonl"),

@@ -195,16 +195,17 @@ def trajectories(s: WikiSettings, init: str) -> dict[str, Any]:
     return stats
 
 
-def sft(s: WikiSettings, init: str, *, data: Path | None = None, out: Path | None = None) -> Path:
+def sft(s: WikiSettings, init: str, *, data: Path | None = None, out: Path | None = None, seed: int = 0) -> Path:
     """LoRA SFT on the gold trajectories (every weight of the tiny model); resumes an interrupted run. ``data`` and
-    ``out``: other trajectories (default ``OUT/sft_data.jsonl``) and output directory (default ``OUT/sft``)."""
+    ``out``: other trajectories (default ``OUT/sft_data.jsonl``) and output directory (default ``OUT/sft``);
+    ``seed``: the adapter's initialisation and the batches' order."""
     from ..training import sft as sft_module
 
     out = out or s.out / "sft"
     if _done(out / "sft_summary.json"):
         return out
     common = dict(model=init, data=str(data or s.out / "sft_data.jsonl"), output_dir=str(out), rollout=_rollout(s),
-                  prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, seed=0, resume=None,
+                  prompt=_prompt(s), epochs=s.sft_epochs, learning_rate=s.sft_learning_rate, seed=seed, resume=None,
                   gradient_checkpointing=not s.tiny, save_steps=10, progress=True)
     # the real model at batch 8 of ~600-token trajectories peaks at 2.0 GB with checkpointing, 8.2 GB without
     # (experiments/benchmarks/sft_memory.py, with agentic_rag.malloc's allocator setting)
