@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if saved.get("tiny") or saved.get("task") != "wiki":
         raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
     s = wiki.WikiSettings(out=args.quickstart.resolve(), seeds=[0], questions=saved.get("questions"))
-    kind = "rft_control" if args.control else "rft"  # the kept trajectories are the same for every --sft-seed
+    # the kept trajectories are the same for every --sft-seed; other sample counts than the default get their own
+    # files (the default's names are the ones the first runs were recorded under)
+    kind = ("rft_control" if args.control else "rft") + ("" if args.samples == 4 else f"_samples{args.samples}")
     name = kind + (f"_seed{args.sft_seed}" if args.sft_seed else "")
     started = time.perf_counter()
     split_dir = split_sft(s)
