@@ -8,7 +8,7 @@ adapter (``recipes.py``'s ``split_sft``: the quick start's SFT on the gold traje
 questions) samples ``--samples`` rollouts (temperature 1) of each question of the other half, yes/no questions left
 out (a right yes/no sample is a coin flip); the samples whose answer is right (EM 1) and that searched, distinct by
 (queries, answer), are replayed through the real engine as scripted trajectories (their own queries and answer,
-``agentic_rag.data.trajectories``); then SFT from the base model, as STaR does (not from the adapter), on the SFT
+``wiki.trajectories``); then SFT from the base model, as STaR does (not from the adapter), on the SFT
 half's gold trajectories plus those, with the quick start's SFT settings; then greedy validation on the 200
 validation questions (Pyserini), against the split SFT start's ``eval/sft_split``. Differences from STaR: one round,
 no rationalization (no gold-answer hints for the questions it got wrong).
@@ -88,23 +88,6 @@ def scripted_questions(s: wiki.WikiSettings, picks, out: Path) -> int:
     return len(rows)
 
 
-def replay(s: wiki.WikiSettings, questions: Path, out: Path) -> dict[str, Any]:
-    """Play ``questions`` (their own queries, then their answer) through the real engine into SFT trajectories."""
-    from agentic_rag.data.trajectories import gold_questions, make_trajectories
-    from agentic_rag.models import load_tokenizer
-    from agentic_rag.rollout.trained_settings import resolved_prompt
-    from agentic_rag.search import open_searcher
-
-    tok = load_tokenizer(wiki.build_model(s))
-    rollout = wiki._rollout(s)
-    prompt = resolved_prompt(wiki._prompt(s), rollout.dialect, tok)
-    records, stats = make_trajectories(gold_questions(questions), tokenizer=tok, searcher=open_searcher(s.index_dir),
-                                       rollout=rollout, prompt=prompt)
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    return {"replayed": len(records), "answered_as_scripted": sum(r["answered_as_scripted"] for r in records),
-            "stats": stats}
-
-
 def sampled_by_kind(predictions: Path) -> dict[str, dict[str, float]]:
     """Per question kind: questions, pass@n (a right sample among n) and mean EM over the samples."""
     out: dict[str, dict[str, float]] = {}
@@ -156,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     sampled = wiki.evaluate(s, f"rft_samples{args.samples}", *models_of(s, split_dir), questions=sample_file(s),
                             samples=args.samples)
     print(f"samples: {json.dumps(sampled.get('samples'))}", flush=True)
-    picks = chosen(s.out / "eval" / f"rft_samples{args.samples}" / "predictions.jsonl", args.control)
+    predictions = s.out / "eval" / f"rft_samples{args.samples}" / "predictions.jsonl"
+    picks = chosen(predictions, args.control)
     kept = {k: sum(len(keep) for rec, keep in picks if rec.get("meta", {}).get("kind") == k) for k in KINDS}
     questions = s.out / "data" / f"{kind}_questions.jsonl"
     n = scripted_questions(s, picks, questions)
     print(f"kept {n} trajectories of {len(picks)} questions: {kept}", flush=True)
-    trajs = s.out / f"sft_data_{kind}_replayed.jsonl"
-    replayed = replay(s, questions, trajs) if not trajs.is_file() else {"replayed": sum(1 for _ in open(trajs))}
+    trajs = s.out / f"sft_data_{kind}_replayed.jsonl"  # played through the real engine, as the gold ones are
+    replayed = wiki.trajectories(s, wiki.build_model(s), questions=questions, out=trajs)
     data = s.out / f"sft_data_{kind}.jsonl"
     if not data.is_file():
         shutil.copy(s.out / "sft_data_split.jsonl.settings.json", f"{data}.settings.json")
@@ -174,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
              "searches": summ["searches_per_question"]}
     record = {"recipe": name, "sft_seed": args.sft_seed, "samples_per_question": args.samples,
               "sampled": sampled.get("samples"),
-              "sampled_by_kind": sampled_by_kind(s.out / "eval" / f"rft_samples{args.samples}" / "predictions.jsonl"),
+              "sampled_by_kind": sampled_by_kind(predictions),
               "flips_vs_start": flips(s.out / "eval" / "sft_split" / "predictions.jsonl",
                                       s.out / "eval" / f"sft_{name}" / "predictions.jsonl"),
               "kept": {"trajectories": n, "questions": len(picks), "by_kind": kept}, "replay": replayed,

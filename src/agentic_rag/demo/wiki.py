@@ -172,23 +172,26 @@ def build_model(s: WikiSettings) -> str:
     return prepare_model(s, lambda: task_texts(s), 0)
 
 
-def trajectories(s: WikiSettings, init: str) -> dict[str, Any]:
-    """The gold trajectories of the training questions, and their settings sidecar (what ``agentic-rag sft`` reads)."""
+def trajectories(s: WikiSettings, init: str, *, questions: Path | None = None,
+                 out: Path | None = None) -> dict[str, Any]:
+    """The gold trajectories of the training questions, and their settings sidecar (what ``agentic-rag sft`` reads);
+    resumable. ``questions`` and ``out``: other questions, each played with its own ``hop_queries`` and answer
+    (default the training file), and output file (default ``OUT/sft_data.jsonl``; the stats beside it)."""
     from ..data.trajectories import gold_questions, make_trajectories, settings_json, settings_path
     from ..models import load_tokenizer
     from ..outputs import atomic_write_text
     from ..rollout.trained_settings import resolved_prompt
     from ..search import open_searcher
 
-    out = s.out / "sft_data.jsonl"
-    stats_path = s.out / "sft_data.stats.json"
+    out = out or s.out / "sft_data.jsonl"
+    stats_path = out.with_name(f"{out.stem}.stats.json")
     if _done(stats_path) and _done(out):
         return json.loads(stats_path.read_text())
     tok = load_tokenizer(init)
     rollout = _rollout(s)
     prompt = resolved_prompt(_prompt(s), rollout.dialect, tok)
-    records, stats = make_trajectories(gold_questions(s.train_file), tokenizer=tok, searcher=open_searcher(s.index_dir),
-                                       rollout=rollout, prompt=prompt)
+    records, stats = make_trajectories(gold_questions(questions or s.train_file), tokenizer=tok,
+                                       searcher=open_searcher(s.index_dir), rollout=rollout, prompt=prompt)
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     atomic_write_text(settings_path(out), settings_json(rollout, prompt))
     stats_path.write_text(json.dumps(stats, indent=1))
