@@ -153,3 +153,25 @@ def test_grpo_steps_train_only_the_answers_of_one_trunk(tiny_model_dir, world_di
     assert [h["agentic/answer_branched_groups"] for h in history if "agentic/answer_branched_groups" in h] == [0.5]
     assert all(torch.isfinite(after[n]).all() for n in after)
     assert any(not torch.equal(before[n], after[n]) for n in before), "the adapter did not change"
+
+
+def test_the_config_switch_reaches_the_trainer(tiny_model_dir, world_dir, tmp_path):
+    """``algorithm.answer_branching`` in a YAML config, through ``agentic_rag.training.train.run``: the run's groups
+    are branched (its log has the branched-group share, which only branching writes); without it, no such key."""
+    import json
+
+    from agentic_rag.training.config import load_config
+    from agentic_rag.training.train import run
+    from test_launch import config
+
+    def logged_keys(branching: bool) -> set[str]:
+        out = tmp_path / f"branching-{branching}"
+        out.mkdir()
+        cfg = config(out, tiny_model_dir, world_dir, algorithm__max_steps=1, algorithm__answer_branching=branching,
+                     checkpoint__save_steps=10)
+        run(load_config(cfg))
+        history = json.loads((out / "out" / "train_summary.json").read_text())["log_history"]
+        return {k for h in history for k in h}
+
+    assert "agentic/answer_branched_groups" in logged_keys(True)
+    assert "agentic/answer_branched_groups" not in logged_keys(False)

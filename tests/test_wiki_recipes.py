@@ -1,6 +1,6 @@
 """The wiki recipe search's split (experiments/wiki/recipes.py): the SFT half and the GRPO half of the training
 questions are disjoint, cover the file, and keep each kind's share; the rejection-sampling experiment's choice of
-samples (experiments/wiki/rft.py)."""
+samples (experiments/wiki/rft.py); the longer-observation experiment's config (experiments/wiki/observations.py)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,21 @@ def test_rejection_sampling_keeps_right_distinct_searching_samples_and_the_contr
                        "type": "compositional", "hop_queries": ["X", "Y"]}
     assert [(r["id"], r["hop_queries"], r["answer"]) for r in rows[1:]] == [("a-s1", ["X", "Z"], "Paris"),
                                                                          ("c-s0", ["C"], "1900")]
+
+
+def test_longer_observation_config_keeps_room_for_four_searches_and_drives_the_pipeline(tmp_path: Path) -> None:
+    import observations
+
+    from agentic_rag.training.config import load_config
+
+    path = observations.write_config(256, tmp_path / "obs256" / "wiki_grpo.yaml")
+    shipped = load_config(wiki.WIKI_CONFIG, env={}, check_files=False)
+    cfg = load_config(path, env={}, check_files=False)
+    assert shipped.rollout.max_observation_tokens == 128
+    assert cfg.rollout.max_observation_tokens == 256
+    assert cfg.rollout.max_completion_tokens == shipped.rollout.max_completion_tokens + 4 * 128
+    assert cfg.algorithm.learning_rate == shipped.algorithm.learning_rate and cfg.rewards == shipped.rewards
+    # trajectories, SFT, evaluations and training runs all take their rollout limits from the settings' config
+    s = observations.ObservationSettings(out=tmp_path, seeds=[0], config=path)
+    assert s.train_config == path and wiki._rollout(s).max_observation_tokens == 256
+    assert wiki._rollout(wiki.WikiSettings(out=tmp_path, seeds=[0])).max_observation_tokens == 128

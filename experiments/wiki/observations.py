@@ -1,0 +1,127 @@
+"""Longer observations on the wiki task: does the SFT start read the answer it now sees, and does GRPO then move the
+multi-hop group (issue 31)?
+
+    python experiments/wiki/observations.py --quickstart outputs/quickstart_wiki --tokens 256 [--grpo] [--control]
+
+Why: with the shipped 128-token observation (one passage a search) the gold answer is visible in only 70% of the
+multi-hop gold trajectories the SFT imitates (``sft_data.stats.json``), so 30% of them teach answering what was not
+read; in 86 of those 120 the answer is further down a passage already shown. This runs the quick start's wiki
+pipeline with ``rollout.max_observation_tokens`` = ``--tokens`` (and ``max_completion_tokens`` raised by 4x the
+difference, room for four searches): the gold trajectories of the same training questions, the quick start's SFT
+from the base model on them, greedy validation on the 200 validation questions (Pyserini); with ``--grpo``, the
+shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
+``--steps`` steps, validated greedily every 4; ``--control`` the same with the rewards shuffled in each batch.
+
+Everything goes under ``QUICKSTART/obsN`` (its own config, trajectories, adapter, evaluations and runs); each stage is
+skipped when its output is complete. The record goes to ``--record``/runs/obsN.json; the last line printed is one
+JSON object: the SFT start's and each run's validation EM (overall, multi-hop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recipes import curves  # noqa: E402
+from rft import flips  # noqa: E402
+
+from agentic_rag.demo import wiki  # noqa: E402
+from agentic_rag.demo.quickstart import models_of, train_run  # noqa: E402
+from agentic_rag.outputs import atomic_write_text  # noqa: E402
+
+
+@dataclass
+class ObservationSettings(wiki.WikiSettings):
+    """The wiki quick start's settings whose training config (where the rollout limits come from) is ``config``."""
+
+    config: Path | None = None
+
+    @property
+    def train_config(self) -> Path:
+        return self.config or wiki.WIKI_CONFIG
+
+
+def write_config(tokens: int, path: Path) -> Path:
+    """The shipped wiki config with ``tokens``-token observations and room for four of them."""
+    cfg = yaml.safe_load(wiki.WIKI_CONFIG.read_text())
+    old = cfg["rollout"]["max_observation_tokens"]
+    cfg["rollout"]["max_observation_tokens"] = tokens
+    cfg["rollout"]["max_completion_tokens"] += 4 * (tokens - old)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def scores(summ: dict[str, Any]) -> dict[str, Any]:
+    return {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
+            **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
+            "searches": summ["searches_per_question"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens of one observation (the shipped config: 128)")
+    ap.add_argument("--grpo", action="store_true", help="GRPO from the SFT adapter (seed 0)")
+    ap.add_argument("--control", action="store_true", help="and its shuffled-reward control")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
+    args = ap.parse_args(argv)
+    saved = json.loads((args.quickstart / "settings.json").read_text())
+    if saved.get("tiny") or saved.get("task") != "wiki":
+        raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
+    qs = args.quickstart.resolve()
+    name = f"obs{args.tokens}"
+    work = qs / name
+    s = ObservationSettings(out=qs, seeds=[0], questions=saved.get("questions"),
+                            config=write_config(args.tokens, work / "wiki_grpo.yaml"))
+    started = time.perf_counter()
+    init = wiki.build_model(s)
+    stats = wiki.trajectories(s, init, out=work / "sft_data.jsonl")
+    print(f"gold trajectories: answer visible by kind {stats['answer_visible_by_kind']}, "
+          f"{stats['mean_completion_tokens']} completion tokens on average", flush=True)
+    adapter = wiki.sft(s, init, data=work / "sft_data.jsonl", out=work / "sft")
+    start = scores(wiki.evaluate(s, f"{name}_sft", *models_of(s, adapter)))
+    print(f"SFT start: {json.dumps(start)}", flush=True)
+    record: dict[str, Any] = {
+        "recipe": name, "tokens": args.tokens, "config": str(s.config), "trajectories": stats,
+        "sft_start": start, "shipped_sft": scores(json.loads((qs / "eval" / "sft" / "summary.json").read_text())),
+        "flips_vs_shipped_sft": flips(qs / "eval" / "sft" / "predictions.jsonl",
+                                      qs / "eval" / f"{name}_sft" / "predictions.jsonl"),
+        "runs": {}}
+    runs = [("grpo", {})] if args.grpo else []
+    if args.grpo and args.control:
+        runs.append(("control", {"algorithm.shuffle_rewards": "true"}))
+    for run_name, extra in runs:
+        sets = {"logging.validation_every": 4, "logging.validation_at_start": "false",
+                "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
+        run = train_run(s, adapter, f"{run_name}-seed0", 0, sets, runs_dir=work / "runs")
+        record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
+                                    "validation": wiki.validation_curve(run), "curves": curves(run)}
+        last = record["runs"][run_name]["validation"][-1]
+        print(f"{run_name}: step {last['step']} {last['eval/em']:.3f} / {last.get('eval/em_multi_hop', 0):.3f}",
+              flush=True)
+    record["wall_s"] = round(time.perf_counter() - started, 1)
+    record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
+    out = args.record / "runs" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(record, indent=1) + "\n")
+    print(json.dumps({"recipe": name, "start": [round(start["em"], 3), round(start.get("em_multi_hop", 0), 3)],
+                      "runs": {k: {v["step"]: [round(v["eval/em"], 3), round(v.get("eval/em_multi_hop", 0), 3)]
+                                   for v in r["validation"]} for k, r in record["runs"].items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
