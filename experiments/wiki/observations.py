@@ -1,7 +1,7 @@
 """Longer observations on the wiki task: does the SFT start read the answer it now sees, and does GRPO then move the
 multi-hop group (issue 31)?
 
-    python experiments/wiki/observations.py --quickstart outputs/quickstart_wiki --tokens 256 [--grpo] [--control]
+    python experiments/wiki/observations.py --quickstart QS --tokens 256 [--grpo] [--control] [--seed N]
 
 Why: with the shipped 128-token observation (one passage a search) the gold answer is visible in only 70% of the
 multi-hop gold trajectories the SFT imitates (``sft_data.stats.json``), so 30% of them teach answering what was not
@@ -10,11 +10,13 @@ pipeline with ``rollout.max_observation_tokens`` = ``--tokens`` (and ``max_compl
 difference, room for four searches): the gold trajectories of the same training questions, the quick start's SFT
 from the base model on them, greedy validation on the 200 validation questions (Pyserini); with ``--grpo``, the
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
-``--steps`` steps, validated greedily every 4; ``--control`` the same with the rewards shuffled in each batch.
+``--steps`` steps, validated greedily every 4; ``--control`` the same with the rewards shuffled in each batch;
+``--seed`` the GRPO runs' seed (the SFT start is the same for every seed).
 
 Everything goes under ``QUICKSTART/obsN`` (its own config, trajectories, adapter, evaluations and runs); each stage is
-skipped when its output is complete. The record goes to ``--record``/runs/obsN.json; the last line printed is one
-JSON object: the SFT start's and each run's validation EM (overall, multi-hop).
+skipped when its output is complete, and a run killed half way goes on from its last checkpoint (every 2 steps). The
+record goes to ``--record``/runs/obsN[_seedS].json; the last line printed is one JSON object: the SFT start's and each
+run's validation EM (overall, multi-hop).
 """
 
 from __future__ import annotations
@@ -73,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory")
     ap.add_argument("--tokens", type=int, default=256, help="tokens of one observation (the shipped config: 128)")
-    ap.add_argument("--grpo", action="store_true", help="GRPO from the SFT adapter (seed 0)")
+    ap.add_argument("--grpo", action="store_true", help="GRPO from the SFT adapter")
     ap.add_argument("--control", action="store_true", help="and its shuffled-reward control")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
     saved = json.loads((args.quickstart / "settings.json").read_text())
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     start = scores(wiki.evaluate(s, f"{name}_sft", *models_of(s, adapter)))
     print(f"SFT start: {json.dumps(start)}", flush=True)
     record: dict[str, Any] = {
-        "recipe": name, "tokens": args.tokens, "config": str(s.config), "trajectories": stats,
+        "recipe": name, "seed": args.seed, "tokens": args.tokens, "config": str(s.config), "trajectories": stats,
         "sft_start": start, "shipped_sft": scores(json.loads((qs / "eval" / "sft" / "summary.json").read_text())),
         "flips_vs_shipped_sft": flips(qs / "eval" / "sft" / "predictions.jsonl",
                                       qs / "eval" / f"{name}_sft" / "predictions.jsonl"),
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for run_name, extra in runs:
         sets = {"logging.validation_every": 4, "logging.validation_at_start": "false",
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
-        run = train_run(s, adapter, f"{run_name}-seed0", 0, sets, runs_dir=work / "runs")
+        run = train_run(s, adapter, f"{run_name}-seed{args.seed}", args.seed, sets, runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
         last = record["runs"][run_name]["validation"][-1]
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    out = args.record / "runs" / f"{name}.json"
+    out = args.record / "runs" / (f"{name}.json" if not args.seed else f"{name}_seed{args.seed}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(record, indent=1) + "\n")
     print(json.dumps({"recipe": name, "start": [round(start["em"], 3), round(start.get("em_multi_hop", 0), 3)],
