@@ -112,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         run = train_run(s, adapter, f"{run_name}-seed{args.seed}", args.seed, sets, runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
-        last = record["runs"][run_name]["validation"][-1]
-        print(f"{run_name}: step {last['step']} {last['eval/em']:.3f} / {last.get('eval/em_multi_hop', 0):.3f}",
-              flush=True)
+        for v in record["runs"][run_name]["validation"]:
+            print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
     out = args.record / "runs" / (f"{name}.json" if not args.seed else f"{name}_seed{args.seed}.json")
