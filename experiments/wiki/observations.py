@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipes import curves  # noqa: E402
+from recipes import curves, quickstart_settings, scores  # noqa: E402
 from rft import flips  # noqa: E402
 
 from agentic_rag.demo import wiki  # noqa: E402
@@ -65,12 +65,6 @@ def write_config(tokens: int, path: Path) -> Path:
     return path
 
 
-def scores(summ: dict[str, Any]) -> dict[str, Any]:
-    return {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
-            **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
-            "searches": summ["searches_per_question"]}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory")
@@ -81,14 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
-    saved = json.loads((args.quickstart / "settings.json").read_text())
-    if saved.get("tiny") or saved.get("task") != "wiki":
-        raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
     qs = args.quickstart.resolve()
     name = f"obs{args.tokens}"
     work = qs / name
-    s = ObservationSettings(out=qs, seeds=[0], questions=saved.get("questions"),
-                            config=write_config(args.tokens, work / "wiki_grpo.yaml"))
+    s = quickstart_settings(qs, ObservationSettings)  # exits before writing anything when qs is not one
+    s.config = write_config(args.tokens, work / "wiki_grpo.yaml")
     started = time.perf_counter()
     init = wiki.build_model(s)
     stats = wiki.trajectories(s, init, out=work / "sft_data.jsonl")

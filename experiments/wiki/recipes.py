@@ -187,15 +187,28 @@ def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str,
             "peak_rss_mb": summary.get("peak_rss_mb")}
 
 
+def quickstart_settings(path: Path, cls: type[wiki.WikiSettings] = wiki.WikiSettings,
+                        **extra: Any) -> wiki.WikiSettings:
+    """The settings of the real-model wiki quick start in ``path`` (as ``cls``, with ``extra``); exits when it is not
+    one."""
+    saved = json.loads((path / "settings.json").read_text())
+    if saved.get("tiny") or saved.get("task") != "wiki":
+        raise SystemExit(f"{path} is not a real-model wiki quick start")
+    return cls(out=path.resolve(), seeds=[0], questions=saved.get("questions"), **extra)
+
+
+def scores(summary: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation summary's EM, F1, EM per question kind and searches per question."""
+    return {"em": summary["metrics"]["em"], "f1": summary["metrics"]["f1"],
+            **{f"em_{k}": v["metrics"]["em"] for k, v in summary.get("by_kind", {}).items()},
+            "searches": summary["searches_per_question"]}
+
+
 def sft_start(s: wiki.WikiSettings, split: bool = False) -> dict[str, Any]:
     """The greedy validation scores of the SFT start (the split recipes': their own adapter's, ``eval/sft_split``)."""
     if split:
-        summ = wiki.evaluate(s, "sft_split", *models_of(s, split_sft(s)))
-    else:
-        summ = wiki.evaluate(s, "sft", *models_of(s, s.out / "sft"))
-    return {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
-            **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
-            "searches": summ["searches_per_question"]}
+        return scores(wiki.evaluate(s, "sft_split", *models_of(s, split_sft(s))))
+    return scores(wiki.evaluate(s, "sft", *models_of(s, s.out / "sft")))
 
 
 def brief(record: dict[str, Any]) -> dict[str, Any]:
@@ -221,12 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [r for r in names if r not in RECIPES]
     if unknown:
         ap.error(f"unknown recipe(s) {unknown}; known: {', '.join(RECIPES)}")
-    saved = json.loads((args.quickstart / "settings.json").read_text())
-    if saved.get("tiny") or saved.get("task") != "wiki":
-        raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
+    s = quickstart_settings(args.quickstart)
     if not (args.quickstart / "sft" / "sft_summary.json").is_file():
         raise SystemExit(f"{args.quickstart} has no finished SFT: run the wiki quick start there first")
-    s = wiki.WikiSettings(out=args.quickstart.resolve(), seeds=[0], questions=saved.get("questions"))
     start = sft_start(s)
     print(f"SFT start: {json.dumps(start)}", flush=True)
     done_dir = args.record / "runs"

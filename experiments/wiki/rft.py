@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipes import grpo_half_file, sft_start, split_sft  # noqa: E402
+from recipes import grpo_half_file, quickstart_settings, scores, sft_start, split_sft  # noqa: E402
 
 from agentic_rag.demo import wiki  # noqa: E402
 from agentic_rag.demo.quickstart import models_of  # noqa: E402
@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-seed", type=int, default=0, help="the SFT's seed (the samples are the same for every seed)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
-    saved = json.loads((args.quickstart / "settings.json").read_text())
-    if saved.get("tiny") or saved.get("task") != "wiki":
-        raise SystemExit(f"{args.quickstart} is not a real-model wiki quick start")
-    s = wiki.WikiSettings(out=args.quickstart.resolve(), seeds=[0], questions=saved.get("questions"))
+    s = quickstart_settings(args.quickstart)
     # the kept trajectories are the same for every --sft-seed; other sample counts than the default get their own
     # files (the default's names are the ones the first runs were recorded under)
     kind = ("rft_control" if args.control else "rft") + ("" if args.samples == 4 else f"_samples{args.samples}")
@@ -152,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(s.out / "sft_data_split.jsonl.settings.json", f"{data}.settings.json")
         atomic_write_text(data, (s.out / "sft_data_split.jsonl").read_text() + trajs.read_text())
     adapter = wiki.sft(s, wiki.build_model(s), data=data, out=s.out / f"sft_{name}", seed=args.sft_seed)
-    summ = wiki.evaluate(s, f"sft_{name}", *models_of(s, adapter))
-    after = {"em": summ["metrics"]["em"], "f1": summ["metrics"]["f1"],
-             **{f"em_{k}": v["metrics"]["em"] for k, v in summ.get("by_kind", {}).items()},
-             "searches": summ["searches_per_question"]}
+    after = scores(wiki.evaluate(s, f"sft_{name}", *models_of(s, adapter)))
     record = {"recipe": name, "sft_seed": args.sft_seed, "samples_per_question": args.samples,
               "sampled": sampled.get("samples"),
               "sampled_by_kind": sampled_by_kind(predictions),
