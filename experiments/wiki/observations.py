@@ -10,8 +10,8 @@ pipeline with ``rollout.max_observation_tokens`` = ``--tokens`` (and ``max_compl
 difference, room for four searches): the gold trajectories of the same training questions, the quick start's SFT
 from the base model on them, greedy validation on the 200 validation questions (Pyserini); with ``--grpo``, the
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
-``--steps`` steps, validated greedily every 4; ``--control`` the same with the rewards shuffled in each batch;
-``--seed`` the GRPO runs' seed (the SFT start is the same for every seed).
+``--steps`` steps, validated greedily every ``--validate-every`` (4) and at the end; ``--control`` the same with the
+rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed).
 
 Everything goes under ``QUICKSTART/obsN`` (its own config, trajectories, adapter, evaluations and runs); each stage is
 skipped when its output is complete, and a run killed half way goes on from its last checkpoint (every 2 steps). The
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="and its shuffled-reward control")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
+    ap.add_argument("--validate-every", type=int, default=4,
+                    help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
     qs = args.quickstart.resolve()
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.grpo and args.control:
         runs.append(("control", {"algorithm.shuffle_rewards": "true"}))
     for run_name, extra in runs:
-        sets = {"logging.validation_every": 4, "logging.validation_at_start": "false",
+        sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
         run = train_run(s, adapter, f"{run_name}-seed{args.seed}", args.seed, sets, runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
