@@ -198,10 +198,10 @@ def quickstart_settings(path: Path, cls: type[wiki.WikiSettings] = wiki.WikiSett
 
 
 def scores(summary: dict[str, Any]) -> dict[str, Any]:
-    """An evaluation summary's EM, F1, EM per question kind and searches per question."""
-    return {"em": summary["metrics"]["em"], "f1": summary["metrics"]["f1"],
-            **{f"em_{k}": v["metrics"]["em"] for k, v in summary.get("by_kind", {}).items()},
-            "searches": summary["searches_per_question"]}
+    """An evaluation summary's EM, F1, EM per question kind and searches per question (``wiki.eval_point``'s
+    ``eval/`` numbers, without the prefix)."""
+    point = wiki.eval_point(summary, 0, "")
+    return {k.removeprefix("eval/"): v for k, v in point.items() if k.startswith("eval/")}
 
 
 def sft_start(s: wiki.WikiSettings, split: bool = False) -> dict[str, Any]:
