@@ -34,12 +34,12 @@ start's SFT ran at ~22 s a step under the 1 MiB threshold against 11.6 s a step 
 :func:`heap_for_blocks_below` raises the threshold for such a stretch (SFT and GRPO training under CPU bf16
 autocast; measured for the SFT) and puts it back after, handing what the heap then holds free back to the system
 (``malloc_trim``); what was allocated inside and is freed later stays in the heap until :func:`trim_heap` (run_sft
-calls it once its trainer is gone). Trimmed, the heap still spans what the stretch grew, and a process that goes on
-dirties it again: in the wiki quick start's process an evaluation after the SFT left the heap 2.19 GB resident
-against 0.24 GB for the same evaluation before it (and 2.19 GB again after a trim), which took the quick start to a
-9.2 GB peak (and ran its evaluations faster: their large blocks fit in the heap's free chunks instead of being
-mapped anew, the cost measured below). So the quick start runs the real model's SFT in a process of its own
-(:func:`agentic_rag.training.sft.run_sft_apart`), as its GRPO runs are.
+calls it once its trainer is gone), unless it lay at the heap's top (then free() trims it). Trimmed, the heap still
+spans what the stretch grew, and a process that goes on dirties it again: in the wiki quick start's process an
+evaluation after the SFT left the heap 2.19 GB resident against 0.24 GB for the same evaluation before it (and 2.19
+GB again after a trim), which took the quick start to a 9.2 GB peak (and ran its evaluations faster: their large
+blocks fit in the heap's free chunks instead of being mapped anew, the cost measured below). So the quick start runs
+the real model's SFT in a process of its own (:func:`agentic_rag.training.sft.run_sft_apart`), as its GRPO runs are.
 
 Decoding on a CPU pays the fixed threshold too: each step's logits (a 128-row batch of a 49k vocabulary: 25 MB),
 the prefill of each observation and the KV cache's growing buffers (:mod:`agentic_rag.rollout.kv_cache`) are mapped
