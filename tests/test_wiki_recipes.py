@@ -100,3 +100,38 @@ def test_longer_observation_config_keeps_room_for_four_searches_and_drives_the_p
     s = observations.ObservationSettings(out=tmp_path, seeds=[0], config=path)
     assert s.train_config == path and wiki._rollout(s).max_observation_tokens == 256
     assert wiki._rollout(wiki.WikiSettings(out=tmp_path, seeds=[0])).max_observation_tokens == 128
+
+
+def test_a_longer_observation_run_goes_on_from_the_shorter_runs_checkpoint(tmp_path: Path) -> None:
+    import observations
+    import pytest
+
+    from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
+
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit, match="grpo-seed1/checkpoint-8 is not a complete checkpoint"):
+        observations.continue_run(runs, "grpo", 1, 8, 12)
+    short = runs / "grpo-seed1"
+    for step in (6, 8):
+        (short / f"checkpoint-{step}").mkdir(parents=True)
+        (short / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (short / f"checkpoint-{step}" / COMPLETE_MARKER).write_text("")
+    (short / "validation").mkdir()
+    (short / "validation" / "step8.jsonl").write_text("{}\n")
+    (short / "validation.jsonl").write_text('{"step": 8}\n')
+    (short / "final").mkdir()
+    observations.continue_run(runs, "grpo", 1, 8, 12)
+    longer = runs / "grpo-12steps-seed1"
+    # the step-8 checkpoint (what train_run resumes from) and the validations so far; not the finished adapter
+    assert latest_complete_checkpoint(longer, quarantine=False) == str(longer / "checkpoint-8")
+    assert sorted(p.name for p in longer.iterdir()) == ["checkpoint-8", "validation", "validation.jsonl"]
+    assert (longer / "validation" / "step8.jsonl").is_file()
+    # once the longer run has checkpoints of its own, they are left alone
+    (longer / "checkpoint-10").mkdir()
+    (longer / "checkpoint-10" / COMPLETE_MARKER).write_text("")
+    (longer / "validation.jsonl").write_text('{"step": 8}\n{"step": 10}\n')
+    observations.continue_run(runs, "grpo", 1, 8, 12)
+    assert (longer / "validation.jsonl").read_text().count("step") == 2
+    with pytest.raises(SystemExit, match="must lie between"):
+        observations.continue_run(runs, "grpo", 1, 12, 12)
+    assert observations.run_folder("control", 8, 2) == "control-seed2"

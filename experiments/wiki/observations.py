@@ -11,18 +11,22 @@ difference, room for four searches): the gold trajectories of the same training 
 from the base model on them, greedy validation on the 200 validation questions (Pyserini); with ``--grpo``, the
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
 ``--steps`` steps, validated greedily every ``--validate-every`` (4) and at the end; ``--control`` the same with the
-rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed).
+rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed). With
+``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
+validations kept) to ``--steps``: a longer run without retraining its first N steps (the learning rate is
+constant in this recipe, so the schedule does not depend on the length).
 
 Everything goes under ``QUICKSTART/obsN`` (its own config, trajectories, adapter, evaluations and runs); each stage is
 skipped when its output is complete, and a run killed half way goes on from its last checkpoint (every 2 steps). The
-record goes to ``--record``/runs/obsN[_seedS].json; the last line printed is one JSON object: the SFT start's and each
-run's validation EM (overall, multi-hop).
+record goes to ``--record``/runs/obsN[_seedS][_Msteps].json; the last line printed is one JSON object: the SFT
+start's and each run's validation EM (overall, multi-hop).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -65,13 +69,44 @@ def write_config(tokens: int, path: Path) -> Path:
     return path
 
 
+FIRST_STEPS = 8  # the first runs' length: their folders and records carry no step count
+
+
+def run_folder(run: str, steps: int, seed: int) -> str:
+    return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
+
+
+def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int) -> None:
+    """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
+    validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
+    from agentic_rag.training.checkpoints import latest_complete_checkpoint
+
+    if not 0 < shorter < steps:
+        raise SystemExit(f"--continue-from {shorter}: must lie between 0 and --steps {steps}")
+    src, dst = runs / run_folder(run, shorter, seed), runs / run_folder(run, steps, seed)
+    if dst.exists() and latest_complete_checkpoint(dst, quarantine=False):
+        return
+    ckpt = src / f"checkpoint-{shorter}"
+    if not (ckpt / "trainer_state.json").is_file():
+        raise SystemExit(f"--continue-from {shorter}: {ckpt} is not a complete checkpoint; run the {shorter}-step "
+                         f"runs first (--steps {shorter})")
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ckpt, dst / ckpt.name, dirs_exist_ok=True)
+    if (src / "validation").is_dir():
+        shutil.copytree(src / "validation", dst / "validation", dirs_exist_ok=True)
+    if (src / "validation.jsonl").is_file():
+        shutil.copy2(src / "validation.jsonl", dst / "validation.jsonl")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quickstart", type=Path, required=True, help="a real-model wiki quick start's output directory")
     ap.add_argument("--tokens", type=int, default=256, help="tokens of one observation (the shipped config: 128)")
     ap.add_argument("--grpo", action="store_true", help="GRPO from the SFT adapter")
     ap.add_argument("--control", action="store_true", help="and its shuffled-reward control")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=FIRST_STEPS)
+    ap.add_argument("--continue-from", type=int, default=None, metavar="N",
+                    help="go on from the N-step runs' last checkpoint instead of the SFT adapter")
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
@@ -102,14 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     for run_name, extra in runs:
         sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
-        run = train_run(s, adapter, f"{run_name}-seed{args.seed}", args.seed, sets, runs_dir=work / "runs")
+        if args.continue_from is not None:
+            continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps)
+        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed), args.seed, sets,
+                        runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
         for v in record["runs"][run_name]["validation"]:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    out = args.record / "runs" / (f"{name}.json" if not args.seed else f"{name}_seed{args.seed}.json")
+    stem = name + (f"_seed{args.seed}" if args.seed else "")
+    stem += "" if args.steps == FIRST_STEPS else f"_{args.steps}steps"
+    out = args.record / "runs" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(record, indent=1) + "\n")
     print(json.dumps({"recipe": name, "start": [round(start["em"], 3), round(start.get("em_multi_hop", 0), 3)],
