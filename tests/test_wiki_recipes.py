@@ -112,10 +112,14 @@ def test_a_longer_observation_run_goes_on_from_the_shorter_runs_checkpoint(tmp_p
     with pytest.raises(SystemExit, match="grpo-seed1/checkpoint-8 is not a complete checkpoint"):
         observations.continue_run(runs, "grpo", 1, 8, 12)
     short = runs / "grpo-seed1"
-    for step in (6, 8):
-        (short / f"checkpoint-{step}").mkdir(parents=True)
-        (short / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-        (short / f"checkpoint-{step}" / COMPLETE_MARKER).write_text("")
+    (short / "checkpoint-8").mkdir(parents=True)
+    (short / "checkpoint-8" / "trainer_state.json").write_text(json.dumps({"global_step": 8}))
+    with pytest.raises(SystemExit, match="checkpoint-8 is not a complete checkpoint"):  # no completion marker yet
+        observations.continue_run(runs, "grpo", 1, 8, 12)
+    (short / "checkpoint-8" / COMPLETE_MARKER).write_text("")
+    (short / "checkpoint-6").mkdir()
+    (short / "checkpoint-6" / COMPLETE_MARKER).write_text("")
+    (runs / "grpo-12steps-seed1" / "checkpoint-8.partial").mkdir(parents=True)  # a copy killed half way
     (short / "validation").mkdir()
     (short / "validation" / "step8.jsonl").write_text("{}\n")
     (short / "validation.jsonl").write_text('{"step": 8}\n')
@@ -126,6 +130,7 @@ def test_a_longer_observation_run_goes_on_from_the_shorter_runs_checkpoint(tmp_p
     assert latest_complete_checkpoint(longer, quarantine=False) == str(longer / "checkpoint-8")
     assert sorted(p.name for p in longer.iterdir()) == ["checkpoint-8", "validation", "validation.jsonl"]
     assert (longer / "validation" / "step8.jsonl").is_file()
+    assert (longer / "checkpoint-8" / "trainer_state.json").read_text() == '{"global_step": 8}'
     # once the longer run has checkpoints of its own, they are left alone
     (longer / "checkpoint-10").mkdir()
     (longer / "checkpoint-10" / COMPLETE_MARKER).write_text("")

@@ -79,7 +79,7 @@ def run_folder(run: str, steps: int, seed: int) -> str:
 def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int) -> None:
     """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
     validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
-    from agentic_rag.training.checkpoints import latest_complete_checkpoint
+    from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
 
     if not 0 < shorter < steps:
         raise SystemExit(f"--continue-from {shorter}: must lie between 0 and --steps {steps}")
@@ -87,15 +87,20 @@ def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int) -> N
     if dst.exists() and latest_complete_checkpoint(dst, quarantine=False):
         return
     ckpt = src / f"checkpoint-{shorter}"
-    if not (ckpt / "trainer_state.json").is_file():
+    if not (ckpt / COMPLETE_MARKER).is_file():
         raise SystemExit(f"--continue-from {shorter}: {ckpt} is not a complete checkpoint; run the {shorter}-step "
                          f"runs first (--steps {shorter})")
     dst.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(ckpt, dst / ckpt.name, dirs_exist_ok=True)
     if (src / "validation").is_dir():
         shutil.copytree(src / "validation", dst / "validation", dirs_exist_ok=True)
     if (src / "validation.jsonl").is_file():
         shutil.copy2(src / "validation.jsonl", dst / "validation.jsonl")
+    # the checkpoint last and whole (its completion marker could be copied before its weights): a copy killed half
+    # way leaves a .partial folder that nothing resumes from, and the next call copies again
+    partial = dst / f"{ckpt.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(ckpt, partial)
+    partial.rename(dst / ckpt.name)
 
 
 def main(argv: list[str] | None = None) -> int:
