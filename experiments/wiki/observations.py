@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="and its shuffled-reward control")
     ap.add_argument("--steps", type=int, default=FIRST_STEPS)
     ap.add_argument("--continue-from", type=int, default=None, metavar="N",
-                    help="go on from the N-step runs' last checkpoint instead of the SFT adapter")
+                    help="go on from the N-step runs' step-N checkpoint instead of the SFT adapter")
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
