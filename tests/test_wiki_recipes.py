@@ -140,3 +140,20 @@ def test_a_longer_observation_run_goes_on_from_the_shorter_runs_checkpoint(tmp_p
     with pytest.raises(SystemExit, match="must lie between"):
         observations.continue_run(runs, "grpo", 1, 12, 12)
     assert observations.run_folder("control", 8, 2) == "control-seed2"
+    # another reward's runs live in folders of their own, and go on from their own shorter runs
+    assert observations.run_folder("grpo", 8, 1, "f1") == "grpo-f1-seed1"
+    assert observations.run_folder("control", 12, 0, "f1") == "control-f1-12steps-seed0"
+    with pytest.raises(SystemExit, match="grpo-f1-seed1/checkpoint-8 is not a complete checkpoint"):
+        observations.continue_run(runs, "grpo", 1, 8, 12, "f1")
+
+
+def test_the_f1_observation_runs_are_rewarded_by_f1_and_format() -> None:
+    import observations
+
+    from agentic_rag.training.config import load_config
+
+    sets = {"rewards": observations.REWARDS["f1"]["rewards"]}
+    cfg = load_config(observations.wiki.WIKI_CONFIG, overrides=[f"{k}={v}" for k, v in sets.items()],
+                      check_files=False)
+    assert [(r.name, r.weight) for r in cfg.rewards] == [("f1", 1.0), ("format", 0.2)]
+    assert observations.REWARDS["em"] == {}

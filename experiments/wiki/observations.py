@@ -11,14 +11,15 @@ difference, room for four searches): the gold trajectories of the same training 
 from the base model on them, greedy validation on the 200 validation questions (Pyserini); with ``--grpo``, the
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
 ``--steps`` steps, validated greedily every ``--validate-every`` (4) and at the end; ``--control`` the same with the
-rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed). With
+rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed);
+``--reward f1`` token F1 in place of EM (runs and record named ``*-f1-*``, ``obsN_f1*``). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
 validations kept) to ``--steps``: a longer run without retraining its first N steps (the learning rate is
 constant in this recipe, so the schedule does not depend on the length).
 
 Everything goes under ``QUICKSTART/obsN`` (its own config, trajectories, adapter, evaluations and runs); each stage is
 skipped when its output is complete, and a run killed half way goes on from its last checkpoint (every 2 steps). The
-record goes to ``--record``/runs/obsN[_seedS][_Msteps].json; the last line printed is one JSON object: the SFT
+record goes to ``--record``/runs/obsN[_f1][_seedS][_Msteps].json; the last line printed is one JSON object: the SFT
 start's and each run's validation EM (overall, multi-hop).
 """
 
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipes import curves, quickstart_settings, scores  # noqa: E402
+from recipes import F1, curves, quickstart_settings, scores  # noqa: E402
 from rft import flips  # noqa: E402
 
 from agentic_rag.demo import wiki  # noqa: E402
@@ -71,19 +72,23 @@ def write_config(tokens: int, path: Path) -> Path:
 
 FIRST_STEPS = 8  # the first runs' length: their folders and records carry no step count
 
+# --reward: the GRPO runs' reward (and their controls', shuffled); the first runs' EM carries no name
+REWARDS = {"em": {}, "f1": {"rewards": F1}}
 
-def run_folder(run: str, steps: int, seed: int) -> str:
+
+def run_folder(run: str, steps: int, seed: int, reward: str = "em") -> str:
+    run = run if reward == "em" else f"{run}-{reward}"
     return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
 
 
-def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int) -> None:
+def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em") -> None:
     """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
     validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
     from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
 
     if not 0 < shorter < steps:
         raise SystemExit(f"--continue-from {shorter}: must lie between 0 and --steps {steps}")
-    src, dst = runs / run_folder(run, shorter, seed), runs / run_folder(run, steps, seed)
+    src, dst = runs / run_folder(run, shorter, seed, reward), runs / run_folder(run, steps, seed, reward)
     if dst.exists() and latest_complete_checkpoint(dst, quarantine=False):
         return
     ckpt = src / f"checkpoint-{shorter}"
@@ -113,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--continue-from", type=int, default=None, metavar="N",
                     help="go on from the N-step runs' step-N checkpoint instead of the SFT adapter")
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default="em",
+                    help="the GRPO runs' answer reward, + 0.2 format (em: the shipped recipe; f1: token F1, partial "
+                         "credit for a near answer)")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
@@ -131,20 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     start = scores(wiki.evaluate(s, f"{name}_sft", *models_of(s, adapter)))
     print(f"SFT start: {json.dumps(start)}", flush=True)
     record: dict[str, Any] = {
-        "recipe": name, "seed": args.seed, "tokens": args.tokens, "config": str(s.config), "trajectories": stats,
+        "recipe": name, "reward": args.reward, "seed": args.seed, "tokens": args.tokens, "config": str(s.config),
+        "trajectories": stats,
         "sft_start": start, "shipped_sft": scores(json.loads((qs / "eval" / "sft" / "summary.json").read_text())),
         "flips_vs_shipped_sft": flips(qs / "eval" / "sft" / "predictions.jsonl",
                                       qs / "eval" / f"{name}_sft" / "predictions.jsonl"),
         "runs": {}}
-    runs = [("grpo", {})] if args.grpo else []
+    runs = [("grpo", dict(REWARDS[args.reward]))] if args.grpo else []
     if args.grpo and args.control:
-        runs.append(("control", {"algorithm.shuffle_rewards": "true"}))
+        runs.append(("control", {**REWARDS[args.reward], "algorithm.shuffle_rewards": "true"}))
     for run_name, extra in runs:
         sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
         if args.continue_from is not None:
-            continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps)
-        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed), args.seed, sets,
+            continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward)
+        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed, args.reward), args.seed, sets,
                         runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
@@ -152,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    stem = name + (f"_seed{args.seed}" if args.seed else "")
+    stem = name + ("" if args.reward == "em" else f"_{args.reward}") + (f"_seed{args.seed}" if args.seed else "")
     stem += "" if args.steps == FIRST_STEPS else f"_{args.steps}steps"
     out = args.record / "runs" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
