@@ -157,3 +157,18 @@ def test_the_f1_observation_runs_are_rewarded_by_f1_and_format() -> None:
                       check_files=False)
     assert [(r.name, r.weight) for r in cfg.rewards] == [("f1", 1.0), ("format", 0.2)]
     assert observations.REWARDS["em"] == {}
+
+
+def test_an_observation_record_gives_the_settings_a_run_trained_with(tmp_path: Path) -> None:
+    import observations
+    import yaml
+
+    run = tmp_path / "grpo-f1-seed1"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"logging": {"validation_every": 4}, "algorithm": {"max_steps": 8},
+                                                     "rewards": [{"name": "f1", "weight": 1.0}]}))
+    # a later call with --validate-every 8 found the run finished: the record keeps what it ran with
+    sets = {"logging.validation_every": 8, "algorithm.max_steps": 8, "algorithm.shuffle_rewards": "true"}
+    assert observations.run_settings(run, sets) == {
+        "logging.validation_every": "4", "algorithm.max_steps": "8", "algorithm.shuffle_rewards": "None"}
+    assert observations.run_settings(run, ["rewards"]) == {"rewards": "[{'name': 'f1', 'weight': 1.0}]"}

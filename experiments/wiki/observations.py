@@ -81,6 +81,19 @@ def run_folder(run: str, steps: int, seed: int, reward: str = "em") -> str:
     return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
 
 
+def run_settings(run: Path, keys: Any) -> dict[str, str]:
+    """The run's values of the dotted ``keys`` as its ``config.yaml`` records them: what it trained with, where a
+    later call (another ``--validate-every``, say) found it finished and skipped it."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    out = {}
+    for key in keys:
+        node: Any = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        out[key] = str(node)
+    return out
+
+
 def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em") -> None:
     """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
     validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
@@ -155,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward)
         run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed, args.reward), args.seed, sets,
                         runs_dir=work / "runs")
-        record["runs"][run_name] = {"sets": {k: str(v) for k, v in sets.items()},
+        record["runs"][run_name] = {"sets": run_settings(run, sets),
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
         for v in record["runs"][run_name]["validation"]:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
