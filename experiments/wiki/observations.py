@@ -84,14 +84,10 @@ def run_folder(run: str, steps: int, seed: int, reward: str = "em") -> str:
 def run_settings(run: Path, keys: Any) -> dict[str, str]:
     """The run's values of the dotted ``keys`` as its ``config.yaml`` records them: what it trained with, where a
     later call (another ``--validate-every``, say) found it finished and skipped it."""
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    out = {}
-    for key in keys:
-        node: Any = cfg
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        out[key] = str(node)
-    return out
+    from agentic_rag.settings import _get_dotted, _has_dotted, read_yaml
+
+    cfg = read_yaml(run / "config.yaml")
+    return {key: str(_get_dotted(cfg, key) if _has_dotted(cfg, key) else None) for key in keys}
 
 
 def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em") -> None:
