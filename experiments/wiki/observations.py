@@ -46,6 +46,7 @@ from rft import flips  # noqa: E402
 from agentic_rag.demo import wiki  # noqa: E402
 from agentic_rag.demo.quickstart import models_of, train_run  # noqa: E402
 from agentic_rag.outputs import atomic_write_text  # noqa: E402
+from agentic_rag.settings import _get_dotted, _has_dotted, read_yaml  # noqa: E402
 
 
 @dataclass
@@ -84,8 +85,6 @@ def run_folder(run: str, steps: int, seed: int, reward: str = "em") -> str:
 def run_settings(run: Path, keys: Any) -> dict[str, str]:
     """The run's values of the dotted ``keys`` as its ``config.yaml`` records them: what it trained with, where a
     later call (another ``--validate-every``, say) found it finished and skipped it."""
-    from agentic_rag.settings import _get_dotted, _has_dotted, read_yaml
-
     cfg = read_yaml(run / "config.yaml")
     return {key: str(_get_dotted(cfg, key) if _has_dotted(cfg, key) else None) for key in keys}
 
