@@ -172,3 +172,28 @@ def test_an_observation_record_gives_the_settings_a_run_trained_with(tmp_path: P
     assert observations.run_settings(run, sets) == {
         "logging.validation_every": "4", "algorithm.max_steps": "8", "algorithm.shuffle_rewards": "None"}
     assert observations.run_settings(run, ["rewards"]) == {"rewards": "[{'name': 'f1', 'weight': 1.0}]"}
+
+
+def test_the_multi_hop_weighted_pool_repeats_only_multi_hop_questions(tmp_path: Path) -> None:
+    import observations
+    import pytest
+
+    from agentic_rag.data.questions import read_questions
+
+    rows = [{"id": f"q{i}", "question": f"Question {i}?", "answers": [f"a{i}"], "kind": kind}
+            for i, kind in enumerate(["multi_hop", "pick_one", "yes_no", "multi_hop"])]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert observations.weighted_train_file(train, 1) == train
+    path = observations.weighted_train_file(train, 3)
+    assert path == tmp_path / "train_mh3.jsonl"
+    # what the trainer reads: each multi-hop question three times, the others once, in the file's order
+    ids = [q.id for q in read_questions(str(path))]
+    assert ids == ["q0", "q0", "q0", "q1", "q2", "q3", "q3", "q3"]
+    assert Counter(json.loads(line)["kind"] for line in path.read_text().splitlines()) == {
+        "multi_hop": 6, "pick_one": 1, "yes_no": 1}
+    # its runs and records are named apart from the unweighted ones
+    assert observations.run_folder("grpo", 12, 1, "f1", 2) == "grpo-f1-mh2-12steps-seed1"
+    assert observations.run_folder("control", 8, 0, "em", 2) == "control-mh2-seed0"
+    with pytest.raises(SystemExit, match="grpo-f1-mh2-seed1/checkpoint-8 is not a complete checkpoint"):
+        observations.continue_run(tmp_path / "runs", "grpo", 1, 8, 12, "f1", 2)

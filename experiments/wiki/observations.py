@@ -12,7 +12,9 @@ from the base model on them, greedy validation on the 200 validation questions (
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
 ``--steps`` steps, validated greedily every ``--validate-every`` (4) and at the end; ``--control`` the same with the
 rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed);
-``--reward f1`` token F1 in place of EM (runs and record named ``*-f1-*``, ``obsN_f1*``). With
+``--reward f1`` token F1 in place of EM (runs and record named ``*-f1-*``, ``obsN_f1*``); ``--multi-hop-copies K``
+trains (GRPO and control alike) on a pool that holds each multi-hop training question K times, so about K times as
+many of the batches' questions are multi-hop (runs and record named ``*-mhK-*``, ``obsN*_mhK*``). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
 validations kept) to ``--steps``: a longer run without retraining its first N steps (the learning rate is
 constant in this recipe, so the schedule does not depend on the length).
@@ -77,8 +79,9 @@ FIRST_STEPS = 8  # the first runs' length: their folders and records carry no st
 REWARDS = {"em": {}, "f1": {"rewards": F1}}
 
 
-def run_folder(run: str, steps: int, seed: int, reward: str = "em") -> str:
+def run_folder(run: str, steps: int, seed: int, reward: str = "em", copies: int = 1) -> str:
     run = run if reward == "em" else f"{run}-{reward}"
+    run = run if copies == 1 else f"{run}-mh{copies}"
     return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
 
 
@@ -89,14 +92,30 @@ def run_settings(run: Path, keys: Any) -> dict[str, str]:
     return {key: str(_get_dotted(cfg, key) if _has_dotted(cfg, key) else None) for key in keys}
 
 
-def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em") -> None:
+def weighted_train_file(train_file: Path, copies: int) -> Path:
+    """``train_file`` with each multi-hop question ``copies`` times (the copies right after it: the trainer draws
+    its batches at random); the file itself when ``copies`` is 1. Written once, beside ``train_file``."""
+    if copies == 1:
+        return train_file
+    path = train_file.with_name(f"{train_file.stem}_mh{copies}.jsonl")
+    if not path.is_file():
+        lines = []
+        for line in train_file.read_text().splitlines(keepends=True):
+            lines += [line] * (copies if json.loads(line)["kind"] == "multi_hop" else 1)
+        atomic_write_text(path, "".join(lines))
+    return path
+
+
+def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em",
+                 copies: int = 1) -> None:
     """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
     validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
     from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
 
     if not 0 < shorter < steps:
         raise SystemExit(f"--continue-from {shorter}: must lie between 0 and --steps {steps}")
-    src, dst = runs / run_folder(run, shorter, seed, reward), runs / run_folder(run, steps, seed, reward)
+    src = runs / run_folder(run, shorter, seed, reward, copies)
+    dst = runs / run_folder(run, steps, seed, reward, copies)
     if dst.exists() and latest_complete_checkpoint(dst, quarantine=False):
         return
     ckpt = src / f"checkpoint-{shorter}"
@@ -129,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward", choices=sorted(REWARDS), default="em",
                     help="the GRPO runs' answer reward, + 0.2 format (em: the shipped recipe; f1: token F1, partial "
                          "credit for a near answer)")
+    ap.add_argument("--multi-hop-copies", type=int, default=1, metavar="K",
+                    help="each multi-hop training question K times in the GRPO runs' pool (1: the training file as is)")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
     args = ap.parse_args(argv)
+    if args.multi_hop_copies < 1:
+        ap.error(f"--multi-hop-copies {args.multi_hop_copies}: must be 1 or more")
     qs = args.quickstart.resolve()
     name = f"obs{args.tokens}"
     work = qs / name
@@ -149,27 +172,35 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {
         "recipe": name, "reward": args.reward, "seed": args.seed, "tokens": args.tokens, "config": str(s.config),
         "trajectories": stats,
-        "sft_start": start, "shipped_sft": scores(json.loads((qs / "eval" / "sft" / "summary.json").read_text())),
-        "flips_vs_shipped_sft": flips(qs / "eval" / "sft" / "predictions.jsonl",
-                                      qs / "eval" / f"{name}_sft" / "predictions.jsonl"),
-        "runs": {}}
+        "multi_hop_copies": args.multi_hop_copies, "sft_start": start, "runs": {}}
+    shipped = qs / "eval" / "sft"
+    if (shipped / "summary.json").is_file():  # a quick start that ran its own SFT (not one cut to its data steps)
+        record["shipped_sft"] = scores(json.loads((shipped / "summary.json").read_text()))
+        record["flips_vs_shipped_sft"] = flips(shipped / "predictions.jsonl",
+                                               qs / "eval" / f"{name}_sft" / "predictions.jsonl")
     runs = [("grpo", dict(REWARDS[args.reward]))] if args.grpo else []
     if args.grpo and args.control:
         runs.append(("control", {**REWARDS[args.reward], "algorithm.shuffle_rewards": "true"}))
     for run_name, extra in runs:
         sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
+        train_file = weighted_train_file(s.train_file, args.multi_hop_copies)
+        if train_file != s.train_file:
+            sets["data.train_file"] = train_file
         if args.continue_from is not None:
-            continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward)
-        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed, args.reward), args.seed, sets,
-                        runs_dir=work / "runs")
+            continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward,
+                         args.multi_hop_copies)
+        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed, args.reward, args.multi_hop_copies),
+                        args.seed, sets, runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": run_settings(run, sets),
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
         for v in record["runs"][run_name]["validation"]:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    stem = name + ("" if args.reward == "em" else f"_{args.reward}") + (f"_seed{args.seed}" if args.seed else "")
+    stem = name + ("" if args.reward == "em" else f"_{args.reward}")
+    stem += "" if args.multi_hop_copies == 1 else f"_mh{args.multi_hop_copies}"
+    stem += f"_seed{args.seed}" if args.seed else ""
     stem += "" if args.steps == FIRST_STEPS else f"_{args.steps}steps"
     out = args.record / "runs" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
