@@ -183,12 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("grpo", dict(REWARDS[args.reward]))] if args.grpo else []
     if args.grpo and args.control:
         runs.append(("control", {**REWARDS[args.reward], "algorithm.shuffle_rewards": "true"}))
+    train_file = weighted_train_file(s.train_file, args.multi_hop_copies)  # the same pool for GRPO and control
+    pool = {"data.train_file": train_file} if train_file != s.train_file else {}
     for run_name, extra in runs:
         sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
-                "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **extra}
-        train_file = weighted_train_file(s.train_file, args.multi_hop_copies)
-        if train_file != s.train_file:
-            sets["data.train_file"] = train_file
+                "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **pool, **extra}
         if args.continue_from is not None:
             continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward,
                          args.multi_hop_copies)
