@@ -159,6 +159,27 @@ def test_the_f1_observation_runs_are_rewarded_by_f1_and_format() -> None:
     assert observations.REWARDS["em"] == {}
 
 
+def test_the_f1_ragas_observation_runs_also_pay_for_finding_the_hop_two_passage() -> None:
+    import observations
+
+    from agentic_rag.rewards.rag import RetrievalQuality, RetrievedContext
+    from agentic_rag.training.config import load_config
+
+    sets = {"rewards": observations.REWARDS["f1_ragas"]["rewards"]}
+    cfg = load_config(observations.wiki.WIKI_CONFIG, overrides=[f"{k}={v}" for k, v in sets.items()],
+                      check_files=False)
+    assert [(r.name, r.weight, dict(r.params)) for r in cfg.rewards] == [
+        ("f1", 1.0, {}), ("format", 0.2, {}), ("ragas", 0.5, {"metric": "id_recall"})]
+    assert observations.run_folder("grpo", 8, 2, "f1_ragas") == "grpo-f1_ragas-seed2"
+    # a real 2Wiki training question's gold titles: the hop-1 passage alone earns half, both hops all of it
+    gold = ["Charles Mathew", "James Charles Mathew"]
+    one_hop = RetrievedContext("Where was the place of burial of Charles Mathew's father?", "Cork",
+                               ["Charles Mathew"], ["..."], gold)
+    two_hops = RetrievedContext(one_hop.question, "Cork", ["Charles Mathew", "James Charles Mathew"], ["...", "..."],
+                                gold)
+    assert RetrievalQuality("id_recall").score_batch([one_hop, two_hops]) == [0.5, 1.0]
+
+
 def test_an_observation_record_gives_the_settings_a_run_trained_with(tmp_path: Path) -> None:
     import observations
     import yaml

@@ -12,7 +12,9 @@ from the base model on them, greedy validation on the 200 validation questions (
 shipped whole-rollout GRPO recipe (lr 1e-4, 8 questions x 4 rollouts, EM + 0.2 format) from that SFT adapter for
 ``--steps`` steps, validated greedily every ``--validate-every`` (4) and at the end; ``--control`` the same with the
 rewards shuffled in each batch; ``--seed`` the GRPO runs' seed (the SFT start is the same for every seed);
-``--reward f1`` token F1 in place of EM (runs and record named ``*-f1-*``, ``obsN_f1*``); ``--multi-hop-copies K``
+``--reward f1`` token F1 in place of EM (runs and record named ``*-f1-*``, ``obsN_f1*``), ``--reward f1_ragas``
+token F1 + 0.5 RAGAS id_recall (the share of the question's gold titles among the passages shown: a reward for the
+hop-2 search itself; ``*-f1_ragas-*``); ``--multi-hop-copies K``
 trains (GRPO and control alike) on a pool that holds each multi-hop training question K times, so more of the
 batches' questions are multi-hop (K = 3: 77% of the pool against 53%; runs and record named ``*-mhK-*``,
 ``obsN*_mhK*``). The SFT start's record compares it with the quick start's own SFT where that exists (a quick start
@@ -78,7 +80,8 @@ def write_config(tokens: int, path: Path) -> Path:
 FIRST_STEPS = 8  # the first runs' length: their folders and records carry no step count
 
 # --reward: the GRPO runs' reward (and their controls', shuffled); the first runs' EM carries no name
-REWARDS = {"em": {}, "f1": {"rewards": F1}}
+F1_RAGAS = F1[:-1] + ", {name: ragas, weight: 0.5, params: {metric: id_recall}}]"
+REWARDS = {"em": {}, "f1": {"rewards": F1}, "f1_ragas": {"rewards": F1_RAGAS}}
 
 
 def run_folder(run: str, steps: int, seed: int, reward: str = "em", copies: int = 1) -> str:
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the GRPO runs' seed")
     ap.add_argument("--reward", choices=sorted(REWARDS), default="em",
                     help="the GRPO runs' answer reward, + 0.2 format (em: the shipped recipe; f1: token F1, partial "
-                         "credit for a near answer)")
+                         "credit for a near answer; f1_ragas: f1 + 0.5 RAGAS id_recall, the share of the question's "
+                         "gold titles among the passages shown)")
     ap.add_argument("--multi-hop-copies", type=int, default=1, metavar="K",
                     help="each multi-hop training question K times in the GRPO runs' pool (1: the training file as is)")
     ap.add_argument("--validate-every", type=int, default=4,
