@@ -216,5 +216,7 @@ def test_the_multi_hop_weighted_pool_repeats_only_multi_hop_questions(tmp_path: 
     # its runs and records are named apart from the unweighted ones
     assert observations.run_folder("grpo", 12, 1, "f1", 2) == "grpo-f1-mh2-12steps-seed1"
     assert observations.run_folder("control", 8, 0, "em", 2) == "control-mh2-seed0"
+    # the record's stem carries the same tags: obs256_f1_mh3.json; the EM runs' none (obs256.json)
+    assert observations.variant("f1", 3) == ["f1", "mh3"] and observations.variant() == []
     with pytest.raises(SystemExit, match="grpo-f1-mh2-seed1/checkpoint-8 is not a complete checkpoint"):
         observations.continue_run(tmp_path / "runs", "grpo", 1, 8, 12, "f1", 2)

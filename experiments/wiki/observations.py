@@ -84,9 +84,13 @@ F1_RAGAS = F1[:-1] + ", {name: ragas, weight: 0.5, params: {metric: id_recall}}]
 REWARDS = {"em": {}, "f1": {"rewards": F1}, "f1_ragas": {"rewards": F1_RAGAS}}
 
 
+def variant(reward: str = "em", copies: int = 1) -> list[str]:
+    """The tags that name a run's variant in its folder and its record: the reward unless EM, ``mhK`` unless 1."""
+    return ([] if reward == "em" else [reward]) + ([] if copies == 1 else [f"mh{copies}"])
+
+
 def run_folder(run: str, steps: int, seed: int, reward: str = "em", copies: int = 1) -> str:
-    run = run if reward == "em" else f"{run}-{reward}"
-    run = run if copies == 1 else f"{run}-mh{copies}"
+    run = "-".join([run, *variant(reward, copies)])
     return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
 
 
@@ -212,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    stem = name + ("" if args.reward == "em" else f"_{args.reward}")
-    stem += "" if args.multi_hop_copies == 1 else f"_mh{args.multi_hop_copies}"
+    stem = "_".join([name, *variant(args.reward, args.multi_hop_copies)])
     stem += f"_seed{args.seed}" if args.seed else ""
     stem += "" if args.steps == FIRST_STEPS else f"_{args.steps}steps"
     out = args.record / "runs" / f"{stem}.json"
