@@ -52,7 +52,7 @@ from rft import flips  # noqa: E402
 from agentic_rag.demo import wiki  # noqa: E402
 from agentic_rag.demo.quickstart import models_of, train_run  # noqa: E402
 from agentic_rag.outputs import atomic_write_text  # noqa: E402
-from agentic_rag.settings import read_yaml  # noqa: E402
+from agentic_rag.settings import get_dotted, read_yaml  # noqa: E402
 
 
 @dataclass
@@ -98,16 +98,7 @@ def run_settings(run: Path, keys: Any) -> dict[str, str]:
     """The run's values of the dotted ``keys`` as its ``config.yaml`` records them: what it trained with, where a
     later call (another ``--validate-every``, say) found it finished and skipped it."""
     cfg = read_yaml(run / "config.yaml")
-
-    def value(dotted: str) -> Any:
-        node: Any = cfg
-        for name in dotted.split("."):
-            if not isinstance(node, dict) or name not in node:
-                return None
-            node = node[name]
-        return node
-
-    return {key: str(value(key)) for key in keys}
+    return {key: str(get_dotted(cfg, key)) for key in keys}
 
 
 def weighted_train_file(train_file: Path, copies: int) -> Path:

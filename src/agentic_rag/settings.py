@@ -358,7 +358,10 @@ def _has_dotted(tree: Mapping[str, Any], dotted: str) -> bool:
     return True
 
 
-def _get_dotted(tree: Mapping[str, Any], dotted: str) -> Any:
+def get_dotted(tree: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at the dotted key (``algorithm.max_steps``) of a nested mapping, ``default`` where it is absent."""
+    if not _has_dotted(tree, dotted):
+        return default
     node: Any = tree
     for name in dotted.split("."):
         node = node[name]
