@@ -30,8 +30,11 @@ if [ -f "$QS"/data/train_grpo_half.jsonl ]; then  # the abs recipes' training fi
   grep -v '"kind": "yes_no"' "$QS"/data/train_grpo_half.jsonl > .devdata/train_split_noyn.jsonl
   grep '"kind": "multi_hop"' "$QS"/data/train_grpo_half.jsonl > .devdata/train_split_multi.jsonl
 fi
-head -16 "$QS"/sft_data.jsonl > .devdata/sft16.jsonl
-cp "$QS"/sft_data.jsonl "$QS"/sft_data.jsonl.settings.json .devdata/   # part_sft.py's weaker starts
+SFT_DATA=${SFT_DATA:-$QS/sft_data.jsonl}  # part_sft.py's weaker starts (SFT_DATA=QS/obs256/sft_data.jsonl: 256 tokens)
+if [ -f "$SFT_DATA" ]; then
+  cp "$SFT_DATA" .devdata/sft_data.jsonl && cp "$SFT_DATA.settings.json" .devdata/sft_data.jsonl.settings.json
+  head -16 "$SFT_DATA" > .devdata/sft16.jsonl   # smoke.sh
+fi
 cp $HERE/sitecustomize.py $HERE/sweep.py $HERE/part_sft.py $HERE/smoke.sh .devdata/
 GGUF=$("${PYTHON:-.venv/bin/python}" -c "from agentic_rag.models import packaged_model_file; print(packaged_model_file('smollm2-135m-instruct'))")
 half=$(( ($(stat -c %s "$GGUF") + 1) / 2 ))

@@ -87,6 +87,18 @@ RECIPES |= {
     "abs_multi": {**AB, "data.train_file": "SPLIT_MULTI"},
     "abs_f1": {**AB, "rewards": F1},
 }
+# 256-token observations (observations.py --tokens 256: room for four of them in the completion) from the 256-token
+# SFT start (prepare.sh QS QS/obs256/sft): the CPU runs' F1 recipe (8 questions x 4 rollouts, lr 1e-4), longer, and
+# scaled to 16 questions x 8 rollouts
+O256 = {"rollout.max_observation_tokens": 256, "rollout.max_completion_tokens": 1232, "rewards": F1,
+        "algorithm.learning_rate": "1e-4"}
+RECIPES |= {
+    "o256_f1": O256,
+    "o256_f1_control": {**O256, "algorithm.shuffle_rewards": "true"},
+    "o256_f1_lr2e4": {**O256, "algorithm.learning_rate": "2e-4"},
+    "o256_b16g8_f1": {**BIG, **O256},
+    "o256_b16g8_f1_control": {**BIG, **O256, "algorithm.shuffle_rewards": "true"},
+}
 
 
 def main() -> None:
