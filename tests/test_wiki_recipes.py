@@ -220,3 +220,27 @@ def test_the_multi_hop_weighted_pool_repeats_only_multi_hop_questions(tmp_path: 
     assert observations.variant("f1", 3) == ["f1", "mh3"] and observations.variant() == []
     with pytest.raises(SystemExit, match="grpo-f1-mh2-seed1/checkpoint-8 is not a complete checkpoint"):
         observations.continue_run(tmp_path / "runs", "grpo", 1, 8, 12, "f1", 2)
+
+
+def test_the_gpu_screen_recipes_load_and_its_256_token_runs_are_the_cpu_runs(tmp_path: Path) -> None:
+    """Every recipe of the GPU screen (experiments/wiki/device/sweep.py) is a set of overrides the real config loader
+    accepts, and the o256 recipes train with the 256-token observation config and F1 reward of observations.py, so
+    the screen's runs are the CPU runs' recipe (its training files are placeholders filled on the device)."""
+    sys.path.insert(0, str(ROOT / "experiments" / "wiki" / "device"))
+    import observations
+    import sweep
+    import yaml
+
+    from agentic_rag.training.config import load_config
+
+    for sets in sweep.RECIPES.values():
+        overrides = [f"{k}={v}" for k, v in sets.items() if k != "data.train_file"]
+        load_config(wiki.WIKI_CONFIG, overrides=overrides, check_files=False)  # raises on a key or value it refuses
+    cpu = yaml.safe_load(observations.write_config(256, tmp_path / "wiki_grpo.yaml").read_text())
+    gpu = load_config(wiki.WIKI_CONFIG, overrides=[f"{k}={v}" for k, v in sweep.RECIPES["o256_f1"].items()],
+                      check_files=False)
+    assert gpu.rollout.max_observation_tokens == cpu["rollout"]["max_observation_tokens"] == 256
+    assert gpu.rollout.max_completion_tokens == cpu["rollout"]["max_completion_tokens"]
+    assert [(r.name, r.weight) for r in gpu.rewards] == [("f1", 1.0), ("format", 0.2)]
+    assert gpu.algorithm.learning_rate == 1e-4 and gpu.algorithm.num_generations == 4
+    assert sweep.RECIPES["o256_f1_control"]["algorithm.shuffle_rewards"] == "true"
