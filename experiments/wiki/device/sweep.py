@@ -10,9 +10,11 @@ run whose /tmp/sft_X is still being trained (part_sft.py started beside this scr
 appears. The ``cur`` recipes train on ``$SCREEN_DATA/train_cur.jsonl`` (the training questions the SFT start answers
 wrong greedily, made off the device); the ``abs`` recipes (answer branching on the GRPO half of recipes.py's half
 split) read ``$SCREEN_DATA/train_split_noyn.jsonl`` / ``train_split_multi.jsonl`` and want ADAPTER to be the split
-SFT adapter (prepare.sh QS QS/sft_split puts it in .devdata/sft). SAVE=N checkpoints every N steps; MEMFRAC=F caps
-each run at that share of the GPU's memory (several runs share one card); ADAPTERS_BACK=N returns the latest
-checkpoint's adapter of the N best non-control runs, in two halves each (``cat NAME.a NAME.b``).
+SFT adapter (prepare.sh QS QS/sft_split puts it in .devdata/sft); the ``o256`` recipes (256-token observations, F1)
+want the 256-token SFT adapter (``SFT_DATA=QS/obs256/sft_data.jsonl prepare.sh QS QS/obs256/sft``). SAVE=N
+checkpoints every N steps; MEMFRAC=F caps each run at that share of the GPU's memory (several runs share one card);
+ADAPTERS_BACK=N returns the latest checkpoint's adapter of the N best non-control runs, in two halves each
+(``cat NAME.a NAME.b``).
 
 Search is experiments/wiki/device/sitecustomize.py's bm25s stand-in for Pyserini.
 """
