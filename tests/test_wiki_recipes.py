@@ -222,11 +222,11 @@ def test_the_multi_hop_weighted_pool_repeats_only_multi_hop_questions(tmp_path: 
         observations.continue_run(tmp_path / "runs", "grpo", 1, 8, 12, "f1", 2)
 
 
-def test_the_gpu_screen_recipes_load_and_its_256_token_runs_are_the_cpu_runs(tmp_path: Path) -> None:
+def test_the_gpu_screen_recipes_load_and_its_256_token_runs_are_the_cpu_runs(tmp_path: Path, monkeypatch) -> None:
     """Every recipe of the GPU screen (experiments/wiki/device/sweep.py) is a set of overrides the real config loader
     accepts, and the o256 recipes train with the 256-token observation config and F1 reward of observations.py, so
     the screen's runs are the CPU runs' recipe (its training files are placeholders filled on the device)."""
-    sys.path.insert(0, str(ROOT / "experiments" / "wiki" / "device"))
+    monkeypatch.syspath_prepend(str(ROOT / "experiments" / "wiki" / "device"))  # sweep.py, for this test only
     import observations
     import sweep
     import yaml
