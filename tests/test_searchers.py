@@ -220,3 +220,39 @@ def test_chinese_index_uses_the_cjk_analyzer(tmp_path):
     assert ids(zh.search("母亲河", 1)) == ["z2"]
     assert ids(zh.search("五岳", 1)) == ["z3"]
     assert ids(zh.search("最长的河流", 1)) == ["z1"]
+
+
+def _search_cli(index, heap: str):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AGENTIC_RAG_JVM_HEAP=heap)
+    return subprocess.run([sys.executable, "-m", "agentic_rag.cli", "search", "--index", str(index), "-k", "1",
+                           "Teutberga"], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_bad_jvm_heap_is_refused_by_name_and_a_blank_one_means_the_default(wiki_index, monkeypatch):
+    """The JVM dies without a word on a heap it cannot parse (pyjnius: "JVM failed to start: -6", reported as our
+    bug); the search command must name the variable instead, and treat a blank one as unset."""
+    from agentic_rag.search.jvm import DEFAULT_HEAP, JvmError, default_heap, jvm_heap
+
+    bad = _search_cli(wiki_index, "lots")
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "AGENTIC_RAG_JVM_HEAP='lots' is not a Java heap size" in bad.stderr
+    assert "internal error" not in bad.stderr
+    blank = _search_cli(wiki_index, "")
+    assert blank.returncode == 0, blank.stderr[-2000:]
+    assert "Teutberga" in blank.stdout
+    for value, heap in [("", DEFAULT_HEAP), ("  ", DEFAULT_HEAP), ("512m", "512m"), ("2G", "2G")]:
+        monkeypatch.setenv("AGENTIC_RAG_JVM_HEAP", value)
+        assert jvm_heap() == heap
+    for value in ["4 g", "0g", "-1g", "4gb"]:
+        monkeypatch.setenv("AGENTIC_RAG_JVM_HEAP", value)
+        with pytest.raises(JvmError, match="not a Java heap size"):
+            jvm_heap()
+    env = {"AGENTIC_RAG_JVM_HEAP": " "}
+    default_heap(env, "1g")
+    assert env == {"AGENTIC_RAG_JVM_HEAP": "1g"}
+    default_heap(env, "3g")
+    assert env == {"AGENTIC_RAG_JVM_HEAP": "1g"}

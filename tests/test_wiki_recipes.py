@@ -159,6 +159,23 @@ def test_the_f1_observation_runs_are_rewarded_by_f1_and_format() -> None:
     assert observations.REWARDS["em"] == {}
 
 
+def test_std_scaled_observation_runs_train_with_the_grpo_papers_advantage_in_folders_of_their_own() -> None:
+    import observations
+
+    from agentic_rag.training.algorithms import algorithm_args
+    from agentic_rag.training.config import load_config
+
+    assert observations.run_folder("grpo", 12, 0, "f1", 1, "group") == "grpo-f1-stdgroup-12steps-seed0"
+    assert observations.run_folder("control", 8, 1, "f1", 3, "group") == "control-f1-mh3-stdgroup-seed1"
+    assert observations.run_folder("grpo", 12, 0, "f1", 1, "none") == "grpo-f1-12steps-seed0"  # the recipe's: as before
+    sets = {**observations.REWARDS["f1"], "algorithm.scale_rewards": "group"}
+    cfg = load_config(observations.wiki.WIKI_CONFIG, overrides=[f"{k}={v}" for k, v in sets.items()],
+                      check_files=False)
+    shipped = load_config(observations.wiki.WIKI_CONFIG, check_files=False)
+    assert shipped.algorithm.scale_rewards == "none" and cfg.algorithm.scale_rewards == "group"
+    assert algorithm_args(cfg.algorithm.name, scale_rewards=cfg.algorithm.scale_rewards)["scale_rewards"] == "group"
+
+
 def test_the_f1_ragas_observation_runs_also_pay_for_finding_the_hop_two_passage() -> None:
     import observations
 

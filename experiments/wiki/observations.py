@@ -84,13 +84,15 @@ F1_RAGAS = F1[:-1] + ", {name: ragas, weight: 0.5, params: {metric: id_recall}}]
 REWARDS = {"em": {}, "f1": {"rewards": F1}, "f1_ragas": {"rewards": F1_RAGAS}}
 
 
-def variant(reward: str = "em", copies: int = 1) -> list[str]:
-    """The tags that name a run's variant in its folder and its record: the reward unless EM, ``mhK`` unless 1."""
-    return ([] if reward == "em" else [reward]) + ([] if copies == 1 else [f"mh{copies}"])
+def variant(reward: str = "em", copies: int = 1, scale: str = "none") -> list[str]:
+    """The tags that name a run's variant in its folder and its record: the reward unless EM, ``mhK`` unless 1,
+    ``stdS`` unless the recipe's ``scale_rewards: none``."""
+    return (([] if reward == "em" else [reward]) + ([] if copies == 1 else [f"mh{copies}"])
+            + ([] if scale == "none" else [f"std{scale}"]))
 
 
-def run_folder(run: str, steps: int, seed: int, reward: str = "em", copies: int = 1) -> str:
-    run = "-".join([run, *variant(reward, copies)])
+def run_folder(run: str, steps: int, seed: int, reward: str = "em", copies: int = 1, scale: str = "none") -> str:
+    run = "-".join([run, *variant(reward, copies, scale)])
     return f"{run}-seed{seed}" if steps == FIRST_STEPS else f"{run}-{steps}steps-seed{seed}"
 
 
@@ -116,15 +118,15 @@ def weighted_train_file(train_file: Path, copies: int) -> Path:
 
 
 def continue_run(runs: Path, run: str, seed: int, shorter: int, steps: int, reward: str = "em",
-                 copies: int = 1) -> None:
+                 copies: int = 1, scale: str = "none") -> None:
     """Seed the ``steps``-step run's folder with the ``shorter``-step run's step-``shorter`` checkpoint and its
     validations, so that train_run resumes there; nothing to do once the folder holds a checkpoint."""
     from agentic_rag.training.checkpoints import COMPLETE_MARKER, latest_complete_checkpoint
 
     if not 0 < shorter < steps:
         raise SystemExit(f"--continue-from {shorter}: must lie between 0 and --steps {steps}")
-    src = runs / run_folder(run, shorter, seed, reward, copies)
-    dst = runs / run_folder(run, steps, seed, reward, copies)
+    src = runs / run_folder(run, shorter, seed, reward, copies, scale)
+    dst = runs / run_folder(run, steps, seed, reward, copies, scale)
     if dst.exists() and latest_complete_checkpoint(dst, quarantine=False):
         return
     ckpt = src / f"checkpoint-{shorter}"
@@ -160,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                          "gold titles among the passages shown)")
     ap.add_argument("--multi-hop-copies", type=int, default=1, metavar="K",
                     help="each multi-hop training question K times in the GRPO runs' pool (1: the training file as is)")
+    ap.add_argument("--scale-rewards", choices=["none", "group", "batch"], default="none",
+                    help="the GRPO runs' advantage scaling (none: the recipe's, Dr. GRPO; group: each advantage "
+                         "divided by its group's reward std, the GRPO paper's, so a group whose F1s differ by a "
+                         "little weighs as much as one whose EMs differ by 1)")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
@@ -182,15 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {
         "recipe": name, "reward": args.reward, "seed": args.seed, "tokens": args.tokens, "config": str(s.config),
         "trajectories": stats,
-        "multi_hop_copies": args.multi_hop_copies, "sft_start": start, "runs": {}}
+        "multi_hop_copies": args.multi_hop_copies, "scale_rewards": args.scale_rewards, "sft_start": start,
+        "runs": {}}
     shipped = qs / "eval" / "sft"
     if (shipped / "summary.json").is_file():  # a quick start that ran its own SFT (not one cut to its data steps)
         record["shipped_sft"] = scores(json.loads((shipped / "summary.json").read_text()))
         record["flips_vs_shipped_sft"] = flips(shipped / "predictions.jsonl",
                                                qs / "eval" / f"{name}_sft" / "predictions.jsonl")
-    runs = [("grpo", dict(REWARDS[args.reward]))] if args.grpo else []
+    scale = {} if args.scale_rewards == "none" else {"algorithm.scale_rewards": args.scale_rewards}
+    runs = [("grpo", {**REWARDS[args.reward], **scale})] if args.grpo else []
     if args.grpo and args.control:
-        runs.append(("control", {**REWARDS[args.reward], "algorithm.shuffle_rewards": "true"}))
+        runs.append(("control", {**REWARDS[args.reward], **scale, "algorithm.shuffle_rewards": "true"}))
     train_file = weighted_train_file(s.train_file, args.multi_hop_copies)  # the same pool for GRPO and control
     pool = {"data.train_file": train_file} if train_file != s.train_file else {}
     for run_name, extra in runs:
@@ -198,16 +206,16 @@ def main(argv: list[str] | None = None) -> int:
                 "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **pool, **extra}
         if args.continue_from is not None:
             continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward,
-                         args.multi_hop_copies)
-        run = train_run(s, adapter, run_folder(run_name, args.steps, args.seed, args.reward, args.multi_hop_copies),
-                        args.seed, sets, runs_dir=work / "runs")
+                         args.multi_hop_copies, args.scale_rewards)
+        folder = run_folder(run_name, args.steps, args.seed, args.reward, args.multi_hop_copies, args.scale_rewards)
+        run = train_run(s, adapter, folder, args.seed, sets, runs_dir=work / "runs")
         record["runs"][run_name] = {"sets": run_settings(run, sets),
                                     "validation": wiki.validation_curve(run), "curves": curves(run)}
         for v in record["runs"][run_name]["validation"]:
             print(f"{run_name}: step {v['step']} {v['eval/em']:.3f} / {v.get('eval/em_multi_hop', 0):.3f}", flush=True)
     record["wall_s"] = round(time.perf_counter() - started, 1)
     record["command"] = " ".join(["python", "experiments/wiki/observations.py", *(argv or sys.argv[1:])])
-    stem = "_".join([name, *variant(args.reward, args.multi_hop_copies)])
+    stem = "_".join([name, *variant(args.reward, args.multi_hop_copies, args.scale_rewards)])
     stem += f"_seed{args.seed}" if args.seed else ""
     stem += "" if args.steps == FIRST_STEPS else f"_{args.steps}steps"
     out = args.record / "runs" / f"{stem}.json"

@@ -365,11 +365,12 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     threads = str(max(1, cores // s.workers))
     from ..malloc import child_env
     from ..outputs import mark_dir
+    from ..search.jvm import default_heap
     from ..training.checkpoints import latest_complete_checkpoint
 
     # glibc's huge pages for the training process's large blocks (agentic_rag.malloc)
     env = child_env(dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false"))
-    env.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
+    default_heap(env, JVM_HEAP)
     mark_dir(out, "train")
     if latest_complete_checkpoint(out, quarantine=False):
         cmd.append("--resume")  # an interrupted run goes on from its last checkpoint
@@ -420,9 +421,10 @@ def check_settings(s: Settings, extra: dict[str, Any] | None = None) -> None:
 
 
 def run(s: Settings) -> dict[str, Any]:
+    from ..search.jvm import default_heap
     from ..training.monitoring import watch_hint
 
-    os.environ.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
+    default_heap(os.environ, JVM_HEAP)
     check_settings(s)
     t = _step(f"1. the fictional world (seed {s.world_seed}) and its BM25 index")
     paths = build_task(s)

@@ -327,9 +327,10 @@ def _em(summary: dict[str, Any] | None, kind: str | None = None) -> float | None
 
 
 def run(s: WikiSettings) -> dict[str, Any]:
+    from ..search.jvm import default_heap
     from ..training.monitoring import watch_hint
 
-    os.environ.setdefault("AGENTIC_RAG_JVM_HEAP", JVM_HEAP)
+    default_heap(os.environ, JVM_HEAP)
     check_settings(s)
     t = _step("1-2. the 2Wiki corpus, its BM25 index and the train / validation splits")
     task = build_task(s)

@@ -111,11 +111,11 @@ def open_docstore(index_dir: Path, manifest: IndexManifest) -> ShardedDocStore:
 def build_lucene(jsonl_dir: Path, out: Path, *, language: str = "en", threads: int = 2,
                  progress: bool = True, expected_docs: int | None = None) -> int:
     """Run Anserini's IndexCollection in its own Java process; returns the number of documents indexed."""
-    from .jvm import anserini_jar, java_executable
+    from .jvm import anserini_jar, java_executable, jvm_heap
 
     if language not in LANGUAGES:
         raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
-    heap = os.environ.get("AGENTIC_RAG_JVM_HEAP", "4g")
+    heap = jvm_heap()  # before anything is written: a bad value is refused by name
     cmd = [str(java_executable()), f"-Xmx{heap}", "-cp", str(anserini_jar()), "io.anserini.index.IndexCollection",
            "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
            "-input", str(jsonl_dir), "-index", str(out), "-threads", str(threads),

@@ -26,8 +26,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +51,27 @@ _forked_from_jvm = False
 
 class JvmError(RuntimeError):
     """The JVM cannot be started or used in this process."""
+
+
+HEAP_ENV = "AGENTIC_RAG_JVM_HEAP"
+DEFAULT_HEAP = "4g"  # Lucene's usual heap for a Wikipedia index
+
+
+def jvm_heap() -> str:
+    """The JVM's largest heap (``-Xmx``): ``$AGENTIC_RAG_JVM_HEAP``, or :data:`DEFAULT_HEAP` where it is unset or
+    blank. A value Java would refuse is refused here, by name: the JVM itself dies without a word (pyjnius says only
+    ``JVM failed to start: -6``, and a separate ``java`` prints an unhelpful line and exits 1)."""
+    value = os.environ.get(HEAP_ENV, "").strip() or DEFAULT_HEAP
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgGtT]?", value):
+        raise JvmError(f"{HEAP_ENV}={value!r} is not a Java heap size: give a whole number with k, m or g, "
+                       f"such as 4g or 512m (or unset it for {DEFAULT_HEAP})")
+    return value
+
+
+def default_heap(env: MutableMapping[str, str], heap: str) -> None:
+    """Set ``env``'s :data:`HEAP_ENV` to ``heap`` unless the user chose one (a blank value counts as none)."""
+    if not env.get(HEAP_ENV, "").strip():
+        env[HEAP_ENV] = heap
 
 
 def _after_fork_in_child() -> None:
@@ -132,10 +154,11 @@ def configure() -> None:
 
     if jnius_config.vm_running or _configured:
         return
+    heap = jvm_heap()
     java_home = find_java_home()
     os.environ["JAVA_HOME"] = str(java_home)
     jnius_config.add_classpath(str(anserini_jar()))
-    options = [f"-Xmx{os.environ.get('AGENTIC_RAG_JVM_HEAP', '4g')}", "-Djava.awt.headless=true",
+    options = [f"-Xmx{heap}", "-Djava.awt.headless=true",
                "-Xrs"]  # -Xrs: signals stay with Python (SIGTERM ends the process; the JVM never traps it)
     if "jdk.incubator.vector" in _java_modules(java_home):
         options.append("--add-modules=jdk.incubator.vector")
