@@ -19,8 +19,9 @@ huge_pages() {
 }
 huge_pages
 # Read the env file (variables documented in .env_format): $ENV_FILE when set, else .env when present; the
-# environment wins over the file. A file named by ENV_FILE must exist, and a line that is not KEY=VALUE, a comment
-# or blank stops the script with the file and the line number (not the line: it may hold a secret).
+# environment wins over the file, and a blank value (KEY= as in the template) leaves KEY unset, so its default holds.
+# A file named by ENV_FILE must exist, and a line that is not KEY=VALUE, a comment or blank stops the script with the
+# file and the line number (not the line: it may hold a secret).
 load_dotenv() {
   local f="${1:-${ENV_FILE:-$ROOT/.env}}"
   if [ ! -f "$f" ] && [ ! -c "$f" ]; then
@@ -45,6 +46,7 @@ load_dotenv() {
     local val="${line#*=}"
     val="${val#"${val%%[![:space:]]*}"}"
     if [[ "$val" =~ ^\"(.*)\"$ || "$val" =~ ^\'(.*)\'$ ]]; then val="${BASH_REMATCH[1]}"; fi
+    [ -z "$val" ] && continue  # the template's KEY=: not set (an empty value would override the default)
     export "$key=$val"
   done < "$f"
   huge_pages  # the env file may say AGENTIC_RAG_MALLOC=default

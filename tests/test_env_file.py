@@ -59,3 +59,25 @@ def test_a_missing_env_file_and_a_malformed_line_stop_the_script(script, tmp_pat
     assert f"{env_file} line 3 is not KEY=VALUE" in out.stderr
     assert SECRET not in out.stderr + out.stdout
     assert "FROM_FILE=" not in out.stdout
+
+
+def test_a_copy_of_the_template_runs_every_default(tmp_path):
+    """``cp .env_format .env`` is what a new user does first: every KEY= line must mean "unset, use the default", not
+    an empty value (an empty AGENTIC_RAG_LOG_LEVEL stopped every command with a traceback; an empty
+    AGENTIC_RAG_JVM_HEAP killed the JVM). The real score command runs, through the real interpreter."""
+    env_file = tmp_path / ".env"
+    env_file.write_text((ROOT / ".env_format").read_text())
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text('{"prediction": "Paris", "answer": "Paris"}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("ENV_FILE", "AGENTIC_RAG_LOG_LEVEL", "PYTHON")}
+    env["ENV_FILE"] = str(env_file)
+    out = subprocess.run(["bash", str(ROOT / "script/evaluation/score.sh"), str(predictions)], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '"em": 1.0' in out.stdout and "Traceback" not in out.stderr
+    # and a blank value never reaches the environment, while the environment still wins over the file
+    env_file.write_text("FROM_FILE=\nOTHER=  \nSET_HERE=from-file\n")
+    probe = subprocess.run(["bash", "-c", f'source {ROOT}/script/_common.sh && load_dotenv {env_file} && '
+                            'echo "${FROM_FILE-unset} ${OTHER-unset} $SET_HERE"'],
+                           capture_output=True, text=True, env={**env, "SET_HERE": "from-env"}, timeout=60)
+    assert probe.stdout.strip() == "unset unset from-env", probe.stderr

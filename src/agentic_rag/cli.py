@@ -28,7 +28,7 @@ COMMAND_MODULES = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="agentic-rag", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
+    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL") or "INFO",
                         help="logging level (DEBUG, INFO, WARNING); env AGENTIC_RAG_LOG_LEVEL")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:

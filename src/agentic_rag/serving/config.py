@@ -183,7 +183,7 @@ def build_parser(prog: str = "agentic-rag serve") -> tuple[argparse.ArgumentPars
                         help="override a setting by its dotted name, e.g. --set rollout.max_searches=2")
     parser.add_argument("--describe", action="store_true", help="print every setting (dotted name, value, help) as "
                                                                 "resolved, and exit; no model is loaded")
-    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"),
+    parser.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL") or "INFO",
                         help="logging level; env AGENTIC_RAG_LOG_LEVEL")
     dests = add_flags(parser, ServeConfig, env_prefix=ENV_PREFIX)
     return parser, dests

@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--describe", action="store_true",
                     help="print every setting (dotted name, value, help) as resolved from the defaults, the config "
                          "file, the environment and --set, and exit; without --config, the defaults")
-    ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL", "INFO"))
+    ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL") or "INFO")
     args = ap.parse_args(argv)
     configure_logging(args.log_level)
     if args.describe:
