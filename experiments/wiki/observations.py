@@ -17,7 +17,10 @@ token F1 + 0.5 RAGAS id_recall (the share of the question's gold titles among th
 hop-2 search itself; ``*-f1_ragas-*``); ``--multi-hop-copies K``
 trains (GRPO and control alike) on a pool that holds each multi-hop training question K times, so more of the
 batches' questions are multi-hop (K = 3: 77% of the pool against 53%; runs and record named ``*-mhK-*``,
-``obsN*_mhK*``). The SFT start's record compares it with the quick start's own SFT where that exists (a quick start
+``obsN*_mhK*``); ``--scale-rewards group`` divides each advantage by its group's reward std (the GRPO paper's; the
+recipe scales nothing), so a multi-hop group whose F1s differ by a little weighs as much as a pick-one group whose
+answers differ by a whole name (runs and record named ``*-stdgroup-*``, ``obsN*_stdgroup*``). The SFT start's
+record compares it with the quick start's own SFT where that exists (a quick start
 cut to its data steps has none). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
 validations kept) to ``--steps``: a longer run without retraining its first N steps (the learning rate is
