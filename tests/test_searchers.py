@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing as mp
+import os
 import string
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -223,10 +226,6 @@ def test_chinese_index_uses_the_cjk_analyzer(tmp_path):
 
 
 def _search_cli(index, heap: str):
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, AGENTIC_RAG_JVM_HEAP=heap)
     return subprocess.run([sys.executable, "-m", "agentic_rag.cli", "search", "--index", str(index), "-k", "1",
                            "Teutberga"], env=env, capture_output=True, text=True, timeout=300)
