@@ -435,3 +435,20 @@ def test_a_missing_dependency_is_an_install_fix_not_a_bug_report(monkeypatch, ca
 def test_project_root_scripts_are_not_touched(tmp_path):
     """The tests above ran in temporary folders: nothing of theirs leaked into the checkout."""
     assert not list(ROOT.glob("theirs*")) and not list(ROOT.glob("mydata*"))
+
+
+def test_the_step_benchmark_takes_a_recipes_own_adapter_and_names_a_missing_one(tmp_path):
+    """grpo_step_real.py measures a recipe's own SFT start with ``--set model.adapter=DIR``: a quick start without
+    an ``sft`` adapter is then no error, and a DIR without an adapter is refused by name before anything loads."""
+    script = ROOT / "experiments" / "benchmarks" / "grpo_step_real.py"
+    qs = tmp_path / "qs"
+    qs.mkdir()
+    plain = subprocess.run([sys.executable, str(script), "--task", "wiki", "--quickstart", str(qs)],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 2 and f"no SFT adapter at {qs / 'sft'}" in plain.stderr
+    missing = tmp_path / "no_adapter"
+    bad = subprocess.run([sys.executable, str(script), "--task", "wiki", "--quickstart", str(qs),
+                          "--set", f"model.adapter={missing}"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2, bad.stderr
+    assert f"--set model.adapter={missing}: no adapter_config.json there" in bad.stderr
+    assert "no SFT adapter at" not in bad.stderr

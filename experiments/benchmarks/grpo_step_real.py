@@ -6,7 +6,8 @@ config, from the quick start's SFT adapter.
     python experiments/benchmarks/grpo_step_real.py --task wiki --quickstart outputs/quickstart_wiki --compare none
 
 ``--task wiki`` measures the wiki task's step instead (``experiments/training/wiki_grpo_smollm2.yaml`` from
-``QUICKSTART/sft`` on ``QUICKSTART/data/train.jsonl`` and ``QUICKSTART/index``); ``--compare none`` measures the
+``QUICKSTART/sft`` on ``QUICKSTART/data/train.jsonl`` and ``QUICKSTART/index``; ``--set model.adapter=DIR`` starts
+from another adapter, a recipe's own SFT start, and then the quick start needs none); ``--compare none`` measures the
 trainer as shipped alone. Every result splits the step into generation (the rollout less the time it only waited
 for searches), search (the searches' own time, from the trainer's ``timing/search_s``; most of it overlaps decoding),
 the scoring forward passes and the rest of the training step (backward, optimizer).
@@ -181,7 +182,11 @@ def main() -> int:
     ap.add_argument("--variant", choices=["by_length", "trl_order"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
-    if not (qs / "sft" / "adapter_config.json").exists():
+    adapter = next((kv.split("=", 1)[1] for kv in reversed(args.sets) if kv.startswith("model.adapter=")), None)
+    if adapter is not None:  # another adapter (a recipe's own SFT start): the quick start's is not needed
+        if not (Path(adapter) / "adapter_config.json").exists():
+            ap.error(f"--set model.adapter={adapter}: no adapter_config.json there")
+    elif not (qs / "sft" / "adapter_config.json").exists():
         ap.error(f"no SFT adapter at {qs / 'sft'}: run the quick start first (bash script/quickstart.sh)")
     if args.variant:
         print("RESULT " + json.dumps(measure(qs, args.steps, args.variant, args.sets, args.task)), flush=True)
