@@ -438,8 +438,9 @@ def test_project_root_scripts_are_not_touched(tmp_path):
 
 
 def test_the_step_benchmark_takes_a_recipes_own_adapter_and_names_a_missing_one(tmp_path):
-    """grpo_step_real.py measures a recipe's own SFT start with ``--set model.adapter=DIR``: a quick start without
-    an ``sft`` adapter is then no error, and a DIR without an adapter is refused by name before anything loads."""
+    """grpo_step_real.py measures a recipe's own SFT start with ``--set model.adapter=DIR``: it then checks DIR, not
+    the quick start's ``sft``, and refuses a DIR without an adapter by name before anything loads (the run itself,
+    minutes of GRPO on the real model, is the benchmark's, not this test's)."""
     script = ROOT / "experiments" / "benchmarks" / "grpo_step_real.py"
     qs = tmp_path / "qs"
     qs.mkdir()
