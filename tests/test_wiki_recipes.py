@@ -176,6 +176,22 @@ def test_std_scaled_observation_runs_train_with_the_grpo_papers_advantage_in_fol
     assert algorithm_args(cfg.algorithm.name, scale_rewards=cfg.algorithm.scale_rewards)["scale_rewards"] == "group"
 
 
+def test_low_memory_observation_runs_checkpoint_and_cap_only_the_validations_rows() -> None:
+    import observations
+
+    from agentic_rag.training.config import load_config
+    from agentic_rag.training.trainer import VALIDATION_ROWS
+
+    path = observations.wiki.WIKI_CONFIG
+    cfg = load_config(path, overrides=[f"{k}={v}" for k, v in observations.LOW_MEMORY.items()], check_files=False)
+    shipped = load_config(path, check_files=False)
+    assert not shipped.model.gradient_checkpointing and shipped.sampling.max_batch_size is None
+    assert cfg.model.gradient_checkpointing
+    # a step's rollouts still decode as one batch; the greedy validation decodes fewer rows at once than it would
+    step_rollouts = cfg.algorithm.per_device_train_batch_size * cfg.algorithm.gradient_accumulation_steps
+    assert step_rollouts <= cfg.sampling.max_batch_size < VALIDATION_ROWS
+
+
 def test_the_f1_ragas_observation_runs_also_pay_for_finding_the_hop_two_passage() -> None:
     import observations
 

@@ -19,7 +19,11 @@ trains (GRPO and control alike) on a pool that holds each multi-hop training que
 batches' questions are multi-hop (K = 3: 77% of the pool against 53%; runs and record named ``*-mhK-*``,
 ``obsN*_mhK*``); ``--scale-rewards group`` divides each advantage by its group's reward std (the GRPO paper's; the
 recipe scales nothing), so a multi-hop group whose F1s differ by a little weighs as much as a pick-one group whose
-answers differ by a whole name (runs and record named ``*-stdgroup-*``, ``obsN*_stdgroup*``). The SFT start's
+answers differ by a whole name (runs and record named ``*-stdgroup-*``, ``obsN*_stdgroup*``); ``--low-memory``
+trains with gradient checkpointing and decodes the greedy validation 32 rows at a time instead of 128, which takes a
+256-token run from ~9 GB to ~3.5 GB at about the same speed and with the same validation answers
+(``experiments/benchmarks/README.md``): it changes how a run is computed, not what, so it names no run, and a run
+already finished is not run again. The SFT start's
 record compares it with the quick start's own SFT where that exists (a quick start
 cut to its data steps has none). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
@@ -81,6 +85,9 @@ def write_config(tokens: int, path: Path) -> Path:
 
 
 FIRST_STEPS = 8  # the first runs' length: their folders and records carry no step count
+# --low-memory: gradient checkpointing, and 32 rows decoding together. A GRPO step's 8 x 4 rollouts stay one batch;
+# the greedy validation's 128 (the trainer's VALIDATION_ROWS) come down to 32, a quarter of the KV cache
+LOW_MEMORY = {"model.gradient_checkpointing": "true", "sampling.max_batch_size": 32}
 
 # --reward: the GRPO runs' reward (and their controls', shuffled); the first runs' EM carries no name
 F1_RAGAS = F1[:-1] + ", {name: ragas, weight: 0.5, params: {metric: id_recall}}]"
@@ -169,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the GRPO runs' advantage scaling (none: the recipe's, Dr. GRPO; group: each advantage "
                          "divided by its group's reward std, the GRPO paper's, so a group whose F1s differ by a "
                          "little weighs as much as one whose EMs differ by 1)")
+    ap.add_argument("--low-memory", action="store_true",
+                    help="gradient checkpointing and 32 greedy validation rows at a time (a 256-token run in ~3.5 GB "
+                         "instead of ~9; the same results)")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
@@ -204,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(("control", {**REWARDS[args.reward], **scale, "algorithm.shuffle_rewards": "true"}))
     train_file = weighted_train_file(s.train_file, args.multi_hop_copies)  # the same pool for GRPO and control
     pool = {"data.train_file": train_file} if train_file != s.train_file else {}
+    memory = LOW_MEMORY if args.low_memory else {}
     for run_name, extra in runs:
         sets = {"logging.validation_every": args.validate_every, "logging.validation_at_start": "false",
-                "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **pool, **extra}
+                "algorithm.max_steps": args.steps, "logging.validation_file": s.validation_file, **pool, **memory,
+                **extra}
         if args.continue_from is not None:
             continue_run(work / "runs", run_name, args.seed, args.continue_from, args.steps, args.reward,
                          args.multi_hop_copies, args.scale_rewards)
