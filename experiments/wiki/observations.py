@@ -20,10 +20,10 @@ batches' questions are multi-hop (K = 3: 77% of the pool against 53%; runs and r
 ``obsN*_mhK*``); ``--scale-rewards group`` divides each advantage by its group's reward std (the GRPO paper's; the
 recipe scales nothing), so a multi-hop group whose F1s differ by a little weighs as much as a pick-one group whose
 answers differ by a whole name (runs and record named ``*-stdgroup-*``, ``obsN*_stdgroup*``); ``--low-memory``
-trains with gradient checkpointing and decodes the greedy validation 32 rows at a time instead of 128, which takes a
-256-token run from ~9 GB to ~3.5 GB at about the same speed and with the same validation answers
-(``experiments/benchmarks/README.md``): it changes how a run is computed, not what, so it names no run, and a run
-already finished is not run again. The SFT start's
+trains with gradient checkpointing and decodes the greedy validation 32 rows at a time instead of 128, which took a
+256-token run from ~9 GB to 3.5 GB, with the same validation answers but ~30% more time a step (the recomputation;
+``experiments/wiki/README.md``): it changes how a run is computed, not what, so it names no run, and a run already
+finished is not run again. The SFT start's
 record compares it with the quick start's own SFT where that exists (a quick start
 cut to its data steps has none). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
@@ -177,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                          "divided by its group's reward std, the GRPO paper's, so a group whose F1s differ by a "
                          "little weighs as much as one whose EMs differ by 1)")
     ap.add_argument("--low-memory", action="store_true",
-                    help="gradient checkpointing and 32 greedy validation rows at a time (a 256-token run in ~3.5 GB "
-                         "instead of ~9; the same results)")
+                    help="gradient checkpointing and 32 greedy validation rows at a time (a 256-token run in 3.5 GB "
+                         "instead of ~9, ~30%% slower a step)")
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
