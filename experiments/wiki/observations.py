@@ -21,9 +21,9 @@ batches' questions are multi-hop (K = 3: 77% of the pool against 53%; runs and r
 recipe scales nothing), so a multi-hop group whose F1s differ by a little weighs as much as a pick-one group whose
 answers differ by a whole name (runs and record named ``*-stdgroup-*``, ``obsN*_stdgroup*``); ``--low-memory``
 trains with gradient checkpointing and decodes the greedy validation 32 rows at a time instead of 128, which took a
-256-token run from ~9 GB to 3.5 GB, with the same validation answers but ~30% more time a step (the recomputation;
-``experiments/wiki/README.md``): it changes how a run is computed, not what, so it names no run, and a run already
-finished is not run again. The SFT start's
+256-token run from ~9 GB to 3.5 GB, with the same validation answers but ~30% more time a step (most likely the
+recomputation; ``experiments/wiki/README.md``): it changes how a run is computed, not what, so it names no run,
+and a run already finished is not run again. The SFT start's
 record compares it with the quick start's own SFT where that exists (a quick start
 cut to its data steps has none). With
 ``--continue-from N`` the runs go on from the step-N checkpoint of the N-step runs of the same seed (their
