@@ -13,5 +13,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 case "${1:-}" in -h|--help) sed -n '2,10p' "$0"; exit 0 ;; esac
 bash "$ROOT/script/setup.sh"
 source "$ROOT/script/_common.sh"
-cd "$ROOT"
+# run from the caller's folder: a relative --out (default outputs/quickstart) lands there, not in the checkout
 exec "$PY" -m agentic_rag.demo.quickstart "$@"

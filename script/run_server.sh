@@ -4,5 +4,5 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_common.sh"
 load_dotenv
-cd "$ROOT"
-exec "$PY" service/chat_server.py "$@"
+# run from the caller's folder: relative paths (flags, .env values) are the caller's, as with any command
+exec "$PY" "$ROOT/service/chat_server.py" "$@"

@@ -58,6 +58,19 @@ def test_eval_sh_lists_every_problem_of_a_bad_config(tmp_path):
         assert expected in r.stderr, expected
 
 
+def test_eval_sh_runs_in_the_users_folder(tmp_path):
+    """A relative config is the user's, not the checkout's: the script once cd'ed into the repository, where
+    "bad.yaml" is no file. (The config is bad on purpose: its problems are listed, so it was found and read.)"""
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"dataset": {"path": "missing.jsonl"},
+                                                       "policy": {"type": "endpoint", "model": "m",
+                                                                  "base_url": "localhost:8000"},
+                                                       "search": {"index": "none"}}))
+    r = subprocess.run(["bash", str(SCRIPTS / "eval.sh"), "bad.yaml", "--no-progress"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env=dict(os.environ))
+    assert r.returncode == 2, r.stderr
+    assert "bad.yaml: " in r.stderr and "dataset.path: no such file missing.jsonl" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("script,args,expected", [
     ("eval.sh", ["c.yaml", "--limit", "3"], "-m agentic_rag.cli eval --config c.yaml --limit 3"),
     ("score.sh", ["p.jsonl"], "-m agentic_rag.cli score --predictions p.jsonl"),

@@ -91,14 +91,16 @@ def word_model_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_scripts_run_two_steps_with_two_cpu_processes(tmp_path, word_model_dir, world_dir, stage):
     # gpu_memory_gb: a tiny budget, so the pre-load memory estimate runs (and warns) on this CPU-only machine
-    cfg = config(tmp_path, word_model_dir, world_dir, gpu_memory_gb=0.001,
+    cfg = config(tmp_path, word_model_dir, world_dir, gpu_memory_gb=0.001, checkpoint__output_dir="out",
                  rewards=[{"name": "f1", "weight": 1.0}, {"name": "format", "weight": 1.0,
                                                          "params": {"partial": True}}])
     script = ROOT / "script" / "training" / f"train_zero{stage}.sh"
     e = with_secrets(env(), tmp_path)
     e["AGENTIC_RAG_NO_VENV"] = "" if (ROOT / ".venv").exists() else "1"
-    out = subprocess.run(["bash", str(script), str(cfg)], capture_output=True, text=True, timeout=900, env=e,
-                         cwd=ROOT)
+    # run from the user's own folder, the config and the output named relative to it: they are the user's paths,
+    # not the checkout's (the script once cd'ed into the repository and refused "train.yaml")
+    out = subprocess.run(["bash", str(script), cfg.name], capture_output=True, text=True, timeout=900, env=e,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-4000:]
     assert f"ZeRO-{stage} on 2 CPU process(es)" in out.stderr
     summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())

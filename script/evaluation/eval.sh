@@ -12,5 +12,5 @@ if [ $# -lt 1 ]; then
   echo "usage: bash script/evaluation/eval.sh CONFIG [options]" >&2
   exit 2
 fi
-cd "$ROOT"
+# run from the caller's folder: a relative config, model or output path is the caller's, not the checkout's
 exec "$PY" -m agentic_rag.cli eval --config "$@"

@@ -7,19 +7,20 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../_common.sh"
 load_dotenv
-cd "$ROOT"
+# run from the caller's folder: a relative config, model or output path is the caller's, not the checkout's (the
+# defaults below name the checkout's files by their full path)
 
-CONFIG="${TRAIN_CONFIG:-experiments/training/world_grpo.yaml}"
+CONFIG="${TRAIN_CONFIG:-$ROOT/experiments/training/world_grpo.yaml}"
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then CONFIG="$1"; shift; fi
 [ -f "$CONFIG" ] || { echo "no such training config: $CONFIG" >&2; exit 2; }
 
 has_gpu=0
 if [ -z "${USE_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then has_gpu=1; fi
 if [ "$has_gpu" = 1 ]; then
-  ACCEL="experiments/training/accelerate/zero${STAGE}.yaml"
+  ACCEL="$ROOT/experiments/training/accelerate/zero${STAGE}.yaml"
   NPROC="${NUM_GPUS:-$(nvidia-smi -L | wc -l)}"
 else
-  ACCEL="experiments/training/accelerate/zero${STAGE}_cpu.yaml"
+  ACCEL="$ROOT/experiments/training/accelerate/zero${STAGE}_cpu.yaml"
   NPROC="${NUM_PROCESSES:-2}"
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
@@ -29,5 +30,6 @@ export TOKENIZERS_PARALLELISM=false
 export ACCELERATE_DEEPSPEED_ZERO_STAGE="$STAGE"
 echo "[train] ZeRO-$STAGE on $NPROC $( [ "$has_gpu" = 1 ] && echo GPU || echo CPU) process(es): $CONFIG" >&2
 exec "$PY" -m accelerate.commands.launch --config_file "$ACCEL" --num_processes "$NPROC" \
+  --deepspeed_config_file "$ROOT/experiments/training/deepspeed/zero${STAGE}.json" \
   --main_process_port "${MAIN_PROCESS_PORT:-0}" \
   -m agentic_rag.training.train --config "$CONFIG" "$@"

@@ -2,9 +2,10 @@
 
 A :class:`UserError` is printed as one line naming the file or flag and the fix, with exit code 2 and no
 traceback: a wrong path, an unreadable or malformed file, a value out of range, an index that cannot be
-opened, a search target that does not answer. An accelerator out of memory and a declared dependency missing from
-the environment are one line of advice too (exit 2). Anything else that escapes a command is a bug in the toolkit:
-the traceback is printed with a line asking for a report, exit code 1.
+opened, a search target that does not answer. An accelerator out of memory, a disk that is full or read-only (however
+the library that hit it words it: an ``OSError``, torch's or safetensors' writer, Lucene's Java exception) and a
+declared dependency missing from the environment are one line of advice too (exit 2). Anything else that escapes a
+command is a bug in the toolkit: the traceback is printed with a line asking for a report, exit code 1.
 
 It subclasses ``ValueError`` so that callers that already treat a bad value as the user's (a config check, the
 chat server's start-up) treat these the same way.
@@ -12,6 +13,7 @@ chat server's start-up) treat these the same way.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -93,6 +95,42 @@ def missing_dependency(exc: BaseException) -> str | None:
     return None
 
 
+# What a failed write means when the disk is at fault, by errno (an OSError) or by the words a library wraps it in.
+DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+               errno.EROFS: "the file system is read-only", errno.EFBIG: "the file is larger than the disk allows"}
+DISK_WORDS = {"No space left on device": errno.ENOSPC, "StorageFull": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+              "Read-only file system": errno.EROFS, "ReadOnlyFilesystem": errno.EROFS,
+              "file write failed": errno.ENOSPC}
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and exc not in out and len(out) < 10:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def disk_problem(exc: BaseException) -> str | None:
+    """One line for an error that is a full or read-only disk (the exception or one it was raised from), else None.
+    What was written before is kept: every command writes its outputs beside their final names and renames them
+    into place only when complete."""
+    for e in _chain(exc):
+        code = e.errno if isinstance(e, OSError) and e.errno in DISK_ERRNOS else None
+        if code is None:
+            text = str(e)
+            code = next((c for words, c in DISK_WORDS.items() if words in text), None)
+        if code is None:
+            continue
+        where = f"cannot write {e.filename}" if isinstance(e, OSError) and e.filename else "a write failed"
+        fix = ("free some space, or write the output to another disk" if code in (errno.ENOSPC, errno.EDQUOT,
+                                                                                 errno.EFBIG)
+               else "write the output to a writable disk (another --out / output_dir)")
+        return (f"{where}: {DISK_ERRNOS[code]} ({os.strerror(code)}). Nothing finished before was lost; {fix}, then "
+                f"run the command again")
+    return None
+
+
 def one_line(exc: BaseException) -> str:
     """The message of a user error, as the line the command prints: an OSError names its file."""
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
@@ -128,6 +166,9 @@ def _user_line(exc: BaseException) -> tuple[str | None, int]:
     if is_out_of_memory(exc):
         first = (str(exc).splitlines() or [""])[0]
         return f"out of GPU memory ({first[:200]}). {OOM_ADVICE}", 2
+    disk = disk_problem(exc)
+    if disk is not None:
+        return disk, 2
     requirement = missing_dependency(exc)
     if requirement:
         return (f"this environment lacks {requirement.split('=')[0].split('[')[0]}, a dependency of agentic-rag "

@@ -18,11 +18,11 @@ What uvicorn 0.54 does by itself (``Server.shutdown``), and why each step lost r
 
 What this module changes:
 
-* :class:`DrainingH11Protocol` (uvicorn's h11 protocol) leaves an idle keep-alive connection open for
-  :data:`DRAIN_IDLE_S` after its last response: a request the client sent meanwhile is answered (with
-  ``Connection: close``) instead of reset; a connection idle that long is closed. A response already under way
-  when the shutdown starts (a stream) cannot say ``Connection: close`` any more, so its connection is not closed
-  when it ends but turns idle the same way.
+* :class:`DrainingH11Protocol` (uvicorn's h11 protocol, with :mod:`agentic_rag.http_guard`'s deadline for slow
+  clients) leaves an idle keep-alive connection open for :data:`DRAIN_IDLE_S` after its last response: a request
+  the client sent meanwhile is answered (with ``Connection: close``) instead of reset; a connection idle that long
+  is closed. A response already under way when the shutdown starts (a stream) cannot say ``Connection: close`` any
+  more, so its connection is not closed when it ends but turns idle the same way.
 * :class:`DrainMiddleware` counts the requests in flight and, once the shutdown has begun, marks every response
   ``Connection: close``, so no client reuses a connection the server is about to close.
 * :class:`Drain` holds the grace period: :meth:`Drain.race` awaits a request's work unless the grace period ends
@@ -33,9 +33,10 @@ What this module changes:
   re-raised signal.
 
 An app wires it up by creating a :class:`Drain`, adding :class:`DrainMiddleware`, yielding ``{"drain": drain}``
-from its lifespan (which is how the protocol finds it) and calling :meth:`Drain.finish` when the lifespan ends;
-its server config takes :func:`uvicorn_options`. With several worker processes (``serve-search --workers``)
-uvicorn's supervisor forwards SIGTERM to each worker, and each worker drains the same way.
+(with its ``client_timeout_s``, :mod:`agentic_rag.http_guard`) from its lifespan (which is how the protocol finds
+them) and calling :meth:`Drain.finish` when the lifespan ends; its server config takes :func:`uvicorn_options`. With
+several worker processes (``serve-search --workers``) uvicorn's supervisor forwards SIGTERM to each worker, and each
+worker drains the same way.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .http_guard import GuardedH11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +187,9 @@ class DrainMiddleware:
                 drain.ended += 1
 
 
-class DrainingH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, except that the shutdown never closes a connection the client may be sending on.
+class DrainingH11Protocol(GuardedH11Protocol):
+    """uvicorn's h11 protocol (with :class:`~agentic_rag.http_guard.GuardedH11Protocol`'s deadline for a request
+    head), except that the shutdown never closes a connection the client may be sending on.
 
     * An idle keep-alive connection stays open for ``drain.idle_s`` after its last response (instead of being
       closed at once), so a request the client has already sent on it is answered, not reset.

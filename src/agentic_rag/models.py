@@ -312,9 +312,45 @@ def load_pretrained_lm(name_or_path: str | os.PathLike | ModelRef, **kwargs: Any
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise FileNotFoundError(_hub_hint(ref.name, exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - a damaged weights file is the user's to replace
+        if not damaged(exc):
+            raise
+        from .errors import UserError
+
+        raise UserError(f"the model {ref.name} cannot be read: {str(exc)[:200] or type(exc).__name__}. A weights file "
+                        f"is damaged or cut short: copy or download it again") from exc
     if ref.is_gguf:
         model.name_or_path = model.config.name_or_path = ref.name
     return model
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether ``exc`` says a weights or config file could not be read because it is damaged or cut short (not a bug,
+    not a missing file): safetensors' header or data errors, torch's zip reader, a JSON file that is no JSON."""
+    import json
+
+    name = type(exc).__name__
+    return (name in ("SafetensorError", "HeaderTooLarge", "UnpicklingError") or isinstance(exc, json.JSONDecodeError)
+            or (isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)))
+
+
+def load_adapter(model: Any, adapter: str | os.PathLike, *, is_trainable: bool = False):
+    """``model`` with the LoRA adapter in the folder ``adapter`` (peft); a missing or damaged adapter is a
+    :class:`~agentic_rag.errors.UserError` naming the folder, before anything runs on it."""
+    from peft import PeftModel
+
+    from .errors import UserError
+
+    if not Path(adapter, "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no LoRA adapter at {adapter} (adapter_config.json missing)")
+    try:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=is_trainable)
+    except Exception as exc:  # noqa: BLE001 - a damaged file is the user's to replace; anything else is re-raised
+        if not damaged(exc):
+            raise
+        raise UserError(f"the LoRA adapter at {adapter} cannot be read: {str(exc)[:200] or type(exc).__name__}. A file "
+                        f"in it is damaged or cut short (an interrupted copy?): copy it again, or use another "
+                        f"checkpoint of its run") from exc
 
 
 def load_causal_lm(name_or_path: str | os.PathLike | ModelRef, *, adapter: str | None = None, dtype: str = "auto",
@@ -326,11 +362,7 @@ def load_causal_lm(name_or_path: str | os.PathLike | ModelRef, *, adapter: str |
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_pretrained_lm(_ref(name_or_path), dtype=torch_dtype(dtype))
     if adapter:
-        from peft import PeftModel
-
-        if not Path(adapter, "adapter_config.json").is_file():
-            raise FileNotFoundError(f"no LoRA adapter at {adapter} (adapter_config.json missing)")
-        model = PeftModel.from_pretrained(model, adapter)
+        model = load_adapter(model, adapter)
         if merge_adapter:
             model = model.merge_and_unload()
         log.info("loaded adapter %s", adapter)

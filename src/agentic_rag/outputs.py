@@ -14,18 +14,31 @@ The rules every writing subcommand keeps (as git, rsync and pip do: refuse, expl
 * **files** (:func:`check_output_file`): an output file is not a folder and not an input; it is written beside
   its final name and renamed over it when complete (:func:`atomic_write_text`);
 * **replacing its own output** (:func:`replace_dir`): the new folder is built beside the old one and swapped in
-  whole; the old one is deleted only after the swap, and only because it was the command's own.
+  whole; the old one is deleted only after the swap, and only because it was the command's own;
+* **work folders** (:func:`claim_work_dir`): a folder a command works in before its output is complete
+  (``OUT.partial``) is emptied or resumed only when it carries the command's marker; a folder of the same name that
+  the command did not make is refused (or, with ``--move-aside``, renamed), never emptied. Guessing by layout (a
+  ``corpus/`` folder "looks like" a build part) is exactly how a user's folder gets deleted, so work folders are
+  recognised by their marker alone. Work *files* are created exclusively under a fresh name
+  (:func:`temp_beside`), so no existing file is ever truncated or removed;
+* **one run per output** (:func:`output_lock`): a command holds an exclusive lock on its output while it writes it;
+  a second command aimed at the same output is refused in one line naming the first one's process. The lock is
+  ``flock`` on a small file beside the output (``.NAME.agentic-rag.lock``), released by the kernel when its process
+  dies however it dies (``kill -9`` included), so a crash never leaves a lock that blocks the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from .errors import OutputError
@@ -82,14 +95,22 @@ LEGACY_LAYOUTS: dict[str, Callable[[Path], bool]] = {
 }
 
 
+def marked(path: str | os.PathLike) -> str | None:
+    """The kind named by the folder's marker (:data:`MARKER`), or None: the marker alone, no layout guessed."""
+    d = Path(path)
+    marker = _json(d / MARKER) if d.is_dir() else None
+    if marker is not None and marker.get("made_by") == "agentic-rag" and isinstance(marker.get("kind"), str):
+        return marker["kind"]
+    return None
+
+
 def owner(path: str | os.PathLike) -> str | None:
     """The kind of output the folder ``path`` is (its marker's, else a recognised earlier layout's), or None."""
     d = Path(path)
     if not d.is_dir():
         return None
-    marker = _json(d / MARKER)
-    if marker is not None and marker.get("made_by") == "agentic-rag" and isinstance(marker.get("kind"), str):
-        return marker["kind"]
+    if (kind := marked(d)) is not None:
+        return kind
     for kind, looks_like in LEGACY_LAYOUTS.items():
         if looks_like(d):
             return kind
@@ -152,6 +173,111 @@ def claim_dir(path: str | os.PathLike, kind: str, *, flag: str = "--out", move_a
     return d
 
 
+def claim_work_dir(path: str | os.PathLike, kinds: tuple[str, ...], *, what: str, move_aside: bool = False) -> Path:
+    """Check the work folder ``path`` that ``what`` (the command, in words) builds its output in before it is
+    complete, and may empty or resume: missing, empty, or marked as one of ``kinds`` (:func:`marked`; no layout is
+    guessed). Anything else is the user's: refused, or with ``move_aside`` renamed to :func:`aside_path` (logged).
+    Nothing is deleted here; the caller marks the folder (:func:`mark_dir`) before it writes into it."""
+    d = Path(path)
+    if d.is_symlink():
+        raise OutputError(f"{d} is a symbolic link; {what} uses that name for its work in progress: move it away")
+    if d.exists() and not d.is_dir():
+        raise OutputError(f"{d} is a file; {what} uses that name for its work in progress: move it away")
+    if not d.exists() or not any(d.iterdir()) or marked(d) in kinds:
+        return d
+    aside = aside_path(d)
+    if not move_aside:
+        raise OutputError(f"{d} holds files agentic-rag did not write ({_sample(d)}); {what} uses that folder for its "
+                          f"work in progress and would empty it. Move it away, or pass --move-aside to move it to "
+                          f"{aside.name} first (nothing is deleted)")
+    os.replace(d, aside)
+    log.warning("%s holds files agentic-rag did not write: moved it to %s", d, aside)
+    return d
+
+
+@contextlib.contextmanager
+def temp_beside(path: str | os.PathLike) -> Iterator[Path]:
+    """A new, empty work file beside ``path`` (same folder, so a rename puts it in place), created exclusively under
+    a fresh name: no file that exists, whoever made it, is ever opened, truncated or removed, and two runs never
+    share one. Removed on the way out unless the caller renamed it over ``path``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# locks this process holds: lock file -> [file descriptor, depth] (a command that calls another in-process, as the
+# quick start calls the index build, takes the lock it already holds again)
+_HELD: dict[str, list[int]] = {}
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock file of the output ``path``: beside it, so it outlives the output being renamed or replaced."""
+    p = Path(os.path.abspath(os.path.expanduser(str(path))))
+    return p.parent / f".{p.name}.agentic-rag.lock"
+
+
+def _holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096).decode("utf-8"))
+        return f"pid {info['pid']}, {info['command']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its process id not recorded yet"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike, command: str, *, flag: str = "--out") -> Iterator[None]:
+    """Hold the exclusive lock of the output ``path`` while the block runs; refuse at once (no waiting) with an
+    :class:`OutputError` naming the process that holds it (its pid, ``command`` as it recorded it, e.g.
+    ``agentic-rag train``, and when it started; never its command line, which may hold a secret). Re-entrant within
+    a process. The lock file stays out of the output itself and is removed when the lock is released."""
+    lock = lock_path(path)
+    key = str(lock)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise OutputError(f"{flag} {path} is being written by another agentic-rag run ({holder}); one run per "
+                              f"output: wait for that one to finish (or stop it), or name another {flag}") from None
+        try:
+            current = os.stat(lock).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # the holder released and removed the file between our open and our lock: take the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"pid": os.getpid(), "command": command,
+                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode("utf-8"))
+    _HELD[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            del _HELD[key]
+            with contextlib.suppress(OSError):
+                os.unlink(lock)  # while still locked: a process that opened it meanwhile sees it gone and retries
+            os.close(fd)
+
+
 def _real(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(os.path.expanduser(str(path))))
 
@@ -208,13 +334,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a sibling temporary file renamed over it: a reader sees the old file or
     the new one, never half of one."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
+    with temp_beside(p) as tmp:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
     return p
 
 

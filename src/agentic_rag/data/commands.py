@@ -22,11 +22,12 @@ def cmd_trajectories(args: argparse.Namespace) -> int:
 
 
 def cmd_world(args: argparse.Namespace) -> int:
-    from ..outputs import claim_dir
+    from ..outputs import claim_dir, output_lock
     from .world import write_world
 
-    claim_dir(args.out, "world", move_aside=args.move_aside)
-    paths = write_world(args.out, seed=args.seed, n_people=args.people, n_guilds=args.guilds, n_towns=args.towns)
+    with output_lock(args.out, "agentic-rag world"):
+        claim_dir(args.out, "world", move_aside=args.move_aside)
+        paths = write_world(args.out, seed=args.seed, n_people=args.people, n_guilds=args.guilds, n_towns=args.towns)
     print(json.dumps(paths))
     return 0
 

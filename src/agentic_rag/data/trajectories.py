@@ -54,10 +54,15 @@ def play_scripts(rows: Sequence[dict[str, Any]], *, tokenizer, searcher, prompt_
     from tqdm import tqdm
 
     from ..rollout import AgentRollout
+    from ..rollout.encoding import encode_text
+    from ..rollout.protocol import get_dialect
     from ..rollout.scripted import ScriptedPolicy
 
+    dialect = get_dialect(settings.dialect)
+
     def key(question: str) -> str:
-        return tokenizer.decode(tokenizer(question, add_special_tokens=False)["input_ids"])
+        # the question as the prompt holds it: untrusted text, its dialect tags neutralized (prompts.messages_prompt)
+        return tokenizer.decode(encode_text(tokenizer, dialect.neutralize(question)))
 
     trajs: list[Any] = [None] * len(rows)
     with tqdm(total=len(rows), desc="trajectories", unit="q", disable=not progress) as bar:

@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.tiny:
                 ap.error("--sft-cpu-autocast is for the real model's LoRA SFT; the tiny model's stays fp32")
             ws.sft_cpu_autocast = args.sft_cpu_autocast
-        return _timed("quick start (wiki)", lambda: run_wiki(ws))
+        return _timed("quick start (wiki)", ws.out, lambda: run_wiki(ws))
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs
@@ -589,13 +589,20 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 <= args.two_hop_correct <= 1.0:
             ap.error(f"--two-hop-correct must be between 0 and 1, got {args.two_hop_correct}")
         s.two_hop_correct = args.two_hop_correct
-    return _timed("quick start", lambda: run(s))
+    return _timed("quick start", s.out, lambda: run(s))
 
 
-def _timed(what: str, job: Callable[[], Any]) -> int:
-    """Run the quick start behind the command line's error boundary; on success say how long it took."""
+def _timed(what: str, out: Path, job: Callable[[], Any]) -> int:
+    """Run the quick start behind the command line's error boundary, holding ``out``'s lock (one quick start per
+    folder: a second is refused, naming the first); on success say how long it took."""
+    from ..outputs import output_lock
+
+    def locked() -> Any:
+        with output_lock(out, "the quick start"):
+            return job()
+
     started = time.perf_counter()
-    status = guarded("quickstart", lambda: bool(job()) and 0)
+    status = guarded("quickstart", lambda: bool(locked()) and 0)
     if status == 0:
         print(f"{what} finished in {(time.perf_counter() - started) / 60:.1f} min")
     return status

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -32,7 +31,7 @@ def _parse_ks(text: str) -> list[int]:
 def cmd_search(args: argparse.Namespace) -> int:
     from ..data.questions import read_questions
     from ..errors import input_file
-    from ..outputs import check_output_file
+    from ..outputs import check_output_file, temp_beside
 
     if (args.query is None) == (args.queries is None):
         raise ValueError("give either a QUERY or --queries FILE")
@@ -49,12 +48,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(f"{rank:>2}. [{hit.docid}] {hit.title}  (score {hit.score:.4f})")
             print(f"    {hit.text[:300]}")
         return 0
-    out_path = Path(args.output) if args.output else None
-    tmp = out_path.with_name(f".{out_path.name}.partial") if out_path else None
-    if tmp is not None:
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-    out_f = open(tmp, "w", encoding="utf-8") if tmp is not None else sys.stdout
-    try:
+    def write(out_f) -> None:
         with tqdm(total=len(rows), unit="q", desc="search", disable=out_f is sys.stdout) as bar:
             for start in range(0, len(rows), args.batch_size):
                 chunk = rows[start:start + args.batch_size]
@@ -63,14 +57,14 @@ def cmd_search(args: argparse.Namespace) -> int:
                     out_f.write(json.dumps({"id": row.id, "hits": [h.to_dict() for h in hits]},
                                            ensure_ascii=False) + "\n")
                 bar.update(len(chunk))
-        if tmp is not None:
-            out_f.close()
-            os.replace(tmp, out_path)  # whole or not at all: the file is complete when it has its name
-    finally:
-        if out_f is not sys.stdout:
-            out_f.close()
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+
+    if not args.output:
+        write(sys.stdout)
+        return 0
+    with temp_beside(args.output) as tmp:  # a fresh name: a file of the user's beside the output is never touched
+        with open(tmp, "w", encoding="utf-8") as out_f:
+            write(out_f)
+        os.replace(tmp, args.output)  # whole or not at all: the file is complete when it has its name
     return 0
 
 

@@ -46,7 +46,7 @@ from typing import Any
 from ..data.questions import QARow, prompt_question, read_questions
 from ..errors import SearchFailuresError
 from ..jsonl import FileFormatError, parse_line
-from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir
+from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir, output_lock
 from ..rollout.trajectory import search_outcomes
 from .config import EvalConfig, EvalConfigError, config_to_dict
 from .metrics import example_metrics, is_well_formed, summarize
@@ -308,91 +308,103 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
     """
     from tqdm import tqdm
 
+    from ..data.context import check_prompt_lengths, context_length
     from ..data.prompts import build_prompt
     from ..rollout import AgentRollout, RolloutHooks
-    from .modes import mode_rollout
+    from ..rollout.protocol import get_dialect
+    from .modes import mode_rollout, mode_system_prompt, user_message
 
-    rows = read_rows(cfg)
-    has_options = any(isinstance(r.meta.get("options"), dict) for r in rows)
-    metrics = cfg.resolved_metrics("medqa" if has_options else cfg.dataset.format)
-    out_dir = Path(cfg.output_dir)
-    work = prepare_output(cfg, overwrite, move_aside)
-    pred_path = work / PREDICTIONS
-    done = load_done(pred_path)
-    pending = [r for r in rows if r.id not in done]
-    log.info("%d questions: %d already done in %s, %d to go", len(rows), len(rows) - len(pending), pred_path,
-             len(pending))
-    started = time.perf_counter()
-    if pending:
-        if "judge" in metrics and judge is None:
-            from ..rewards.judge import JudgeClient
+    with output_lock(cfg.output_dir, "agentic-rag eval", flag="output_dir"):  # one run per output folder
+        rows = read_rows(cfg)
+        has_options = any(isinstance(r.meta.get("options"), dict) for r in rows)
+        metrics = cfg.resolved_metrics("medqa" if has_options else cfg.dataset.format)
+        out_dir = Path(cfg.output_dir)
+        work = prepare_output(cfg, overwrite, move_aside)
+        pred_path = work / PREDICTIONS
+        done = load_done(pred_path)
+        pending = [r for r in rows if r.id not in done]
+        log.info("%d questions: %d already done in %s, %d to go", len(rows), len(rows) - len(pending), pred_path,
+                 len(pending))
+        started = time.perf_counter()
+        if pending:
+            if "judge" in metrics and judge is None:
+                from ..rewards.judge import JudgeClient
 
-            judge = JudgeClient(cfg.judge)
-            judge.check()  # fail fast, before anything heavy loads
-        if policy is None and cfg.policy.type == "endpoint":
-            from ..endpoints import api_key_from_env, check_endpoint
+                judge = JudgeClient(cfg.judge)
+                judge.check()  # fail fast, before anything heavy loads
+            if policy is None and cfg.policy.type == "endpoint":
+                from ..endpoints import api_key_from_env, check_endpoint
 
-            check_endpoint(cfg.policy.base_url, api_key_from_env(cfg.policy.api_key_env), model=cfg.policy.model,
-                           what="policy endpoint")
-        if searcher is None:
-            searcher = build_searcher(cfg)
-            if searcher is not None:
-                probe_searcher(searcher, cfg.search.index)  # a dead search target stops the run here, not later
-        tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
-        owned = policy is None
-        policy = policy if policy is not None else build_policy(cfg, tokenizer)
-        engine = AgentRollout(policy, tokenizer, searcher, mode_rollout(cfg.rollout, cfg.mode),
-                              search_timeout_s=cfg.search.timeout_s)
-        size = cfg.batch_size
-        bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
-                   disable=not progress)
-        try:
-            with open(pred_path, "a", encoding="utf-8") as f:
-                for b, start in enumerate(range(0, len(pending), size)):
-                    batch = pending[start:start + size]
-                    records = _run_batch(engine, tokenizer, cfg, batch, metrics, judge, build_prompt, RolloutHooks,
-                                         searcher)
-                    append_records(f, records)
-                    for rec in records:
-                        done[rec["id"]] = rec
-                    bar.update(len(records))
-                    cover = [r["metrics"].get("cover_em") for r in done.values()]
-                    if cover and cover[0] is not None:
-                        bar.set_postfix(cover_em=f"{sum(cover) / len(cover):.3f}")
-                    if on_batch is not None:
-                        on_batch(b, records)
-        finally:
-            bar.close()
-            close = getattr(policy, "close", None)
-            if owned and callable(close):
-                close()
-    if overwrite:
-        finish_overwrite(out_dir)
-    records = [done[r.id] for r in rows if r.id in done]
-    summary = summarize(records, metrics)
-    elapsed = time.perf_counter() - started
-    summary.update({
-        "run": cfg.name, "dataset": cfg.dataset.path, "metrics_requested": metrics,
-        "policy": {k: getattr(cfg.policy, k) for k in ("type", "model", "adapter", "base_url")},
-        "search": {"index": cfg.search.index, "retriever": cfg.search.retriever,
-                   "k": cfg.rollout.passages_per_search},
-        "dialect": cfg.rollout.dialect, "mode": cfg.mode,
-        "this_session": {"examples": len(pending), "elapsed_s": round(elapsed, 3),
-                         "questions_per_s": round(len(pending) / elapsed, 4) if pending and elapsed > 0 else None},
-        "config": config_to_dict(cfg),
-    })
-    if judge is not None and hasattr(judge, "stats"):
-        summary.setdefault("judge", {})["this_session_calls"] = dataclasses.asdict(judge.stats)
-    failures = search_failures(records, cfg)
-    summary["search_failures"] = failures
-    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    if failures["over_threshold"]:
-        raise SearchFailuresError(
-            f"{failures['failed']} of {failures['searches']} searches failed ({failures['rate']:.1%}, over "
-            f"search.max_failure_rate {failures['max_rate']:.1%}): the scores in {out_dir / SUMMARY} measure a "
-            f"broken search target ({cfg.search.index}), not the model. Fix the searcher and run again with "
-            f"--overwrite", summary)
-    return summary
+                check_endpoint(cfg.policy.base_url, api_key_from_env(cfg.policy.api_key_env), model=cfg.policy.model,
+                               what="policy endpoint")
+            if searcher is None:
+                searcher = build_searcher(cfg)
+                if searcher is not None:
+                    probe_searcher(searcher, cfg.search.index)  # a dead search target stops the run here, not later
+            tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
+            if policy is None and cfg.policy.type == "local":  # every question fits the model, before it loads
+                p = cfg.prompt
+                system = mode_system_prompt(cfg.mode, get_dialect(cfg.rollout.dialect), p.language, p.system_prompt)
+                check_prompt_lengths(((r.id, user_message(prompt_question(r), None, p.language)) for r in pending),
+                                     lambda q: build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language,
+                                                            chat=p.chat_template, system=system),
+                                     context_length(cfg.policy.model), source=f"dataset.path {cfg.dataset.path}",
+                                     budget=cfg.rollout.max_completion_tokens)
+            owned = policy is None
+            policy = policy if policy is not None else build_policy(cfg, tokenizer)
+            engine = AgentRollout(policy, tokenizer, searcher, mode_rollout(cfg.rollout, cfg.mode),
+                                  search_timeout_s=cfg.search.timeout_s)
+            size = cfg.batch_size
+            bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
+                       disable=not progress)
+            try:
+                with open(pred_path, "a", encoding="utf-8") as f:
+                    for b, start in enumerate(range(0, len(pending), size)):
+                        batch = pending[start:start + size]
+                        records = _run_batch(engine, tokenizer, cfg, batch, metrics, judge, build_prompt, RolloutHooks,
+                                             searcher)
+                        append_records(f, records)
+                        for rec in records:
+                            done[rec["id"]] = rec
+                        bar.update(len(records))
+                        cover = [r["metrics"].get("cover_em") for r in done.values()]
+                        if cover and cover[0] is not None:
+                            bar.set_postfix(cover_em=f"{sum(cover) / len(cover):.3f}")
+                        if on_batch is not None:
+                            on_batch(b, records)
+            finally:
+                bar.close()
+                close = getattr(policy, "close", None)
+                if owned and callable(close):
+                    close()
+        if overwrite:
+            finish_overwrite(out_dir)
+        records = [done[r.id] for r in rows if r.id in done]
+        summary = summarize(records, metrics)
+        elapsed = time.perf_counter() - started
+        summary.update({
+            "run": cfg.name, "dataset": cfg.dataset.path, "metrics_requested": metrics,
+            "policy": {k: getattr(cfg.policy, k) for k in ("type", "model", "adapter", "base_url")},
+            "search": {"index": cfg.search.index, "retriever": cfg.search.retriever,
+                       "k": cfg.rollout.passages_per_search},
+            "dialect": cfg.rollout.dialect, "mode": cfg.mode,
+            "this_session": {"examples": len(pending), "elapsed_s": round(elapsed, 3),
+                             "questions_per_s": round(len(pending) / elapsed, 4) if pending and elapsed > 0 else None},
+            "config": config_to_dict(cfg),
+        })
+        if judge is not None and hasattr(judge, "stats"):
+            summary.setdefault("judge", {})["this_session_calls"] = dataclasses.asdict(judge.stats)
+        failures = search_failures(records, cfg)
+        summary["search_failures"] = failures
+        atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        if failures["over_threshold"]:
+            raise SearchFailuresError(
+                f"{failures['failed']} of {failures['searches']} searches failed ({failures['rate']:.1%}, over "
+                f"search.max_failure_rate {failures['max_rate']:.1%}): the scores in {out_dir / SUMMARY} measure a "
+                f"broken search target ({cfg.search.index}), not the model. Fix the searcher and run again with "
+                f"--overwrite", summary)
+        return summary
+
 
 
 def search_failures(records: list[dict[str, Any]], cfg: EvalConfig) -> dict[str, Any]:

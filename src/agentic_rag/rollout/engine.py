@@ -12,6 +12,10 @@ What happens to a trajectory, turn by turn:
 4. observations are tokenized on their own and appended as *environment* segments (env_mask 0), cut to
    ``max_observation_tokens`` and to the room left; then the trajectory starts its next turn.
 
+Passages, tool results and echoed text are untrusted: their dialect tags are made text
+(:meth:`~.protocol.Dialect.neutralize`) and the body is encoded with no control token recognised
+(:mod:`.encoding`), inside the dialect's own wrapper; search events record the hits as the observation showed them.
+
 When a searching trajectory resumes. With a session-capable policy (:class:`~.policy.HFPolicy`), decoding
 goes one step at a time over all live rows. The tool calls of the rows that stopped at step ``t`` are
 started at once; if any other row is still generating, the session decodes **exactly one more step**
@@ -69,6 +73,7 @@ from typing import Any
 
 from ..search.types import Hit, Searcher, clean_query
 from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry
+from .encoding import encode_pieces, encode_text
 from .policy import STOP_EOS, STOP_LENGTH, Policy
 from .protocol import Action, ActionKind, Dialect, get_dialect
 from .settings import RolloutSettings
@@ -481,20 +486,21 @@ class AgentRollout:
             return
         k = self.settings.passages_per_search
         multi = len(call.action.queries) > 1
+        neutralize = self.dialect.neutralize
         parts: list[str] = []
         spans: list[tuple[int, Hit, int, int]] = []  # (query index, hit, start, end of its text in the body)
         taken: set[str] = set()
         offset = 0
         for qi, (query, result) in enumerate(zip(call.action.queries, call.results, strict=True)):
-            head = f'Results for "{query}":\n' if multi else ""
+            head = f'Results for "{neutralize(query)}":\n' if multi else ""
             if isinstance(result, str):
-                block = result
+                block = neutralize(result)
             else:
                 fresh: list[Hit] = []
                 for hit in result:
                     if hit.docid in taken or (self.settings.dedup_passages and hit.docid in shown):
                         continue
-                    fresh.append(hit)
+                    fresh.append(self.dialect.neutral_hit(hit))
                     taken.add(hit.docid)
                     if len(fresh) == k:
                         break
@@ -510,7 +516,7 @@ class AgentRollout:
             if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
                 t.event("error", kind="search_failed", message=str(result), queries=[query], partial=True)
             if isinstance(result, str):
-                record.append({"query": query, "text": result[:200]})
+                record.append({"query": query, "text": neutralize(result)[:200]})
             else:
                 record.append({"query": query, "hits": [], "cut": []})
         for qi, hit, start, end in spans:
@@ -528,13 +534,18 @@ class AgentRollout:
 
     # ----------------------------------------------------------------------------------- observations
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _encode(self, body: str) -> list[int]:
+        """The ids of the observation holding ``body``: the dialect's wrapper as the engine's own text, the body as
+        untrusted text (no control token recognised; its tags are neutralized by the callers)."""
+        mark = "\ue000"
+        head, _, tail = self.dialect.wrap_observation(mark).partition(mark)
+        return encode_pieces(self.tokenizer, [(head, True), (body, False), (tail, True)])
 
     def observation_text(self, body: str) -> str:
-        """``body`` as much as one observation shows of it (``max_observation_tokens``, tags included): cut at a
-        word boundary and marked with ' ...' where it is cut. The naive-RAG baseline gives its passages this
-        budget, so it reads exactly what the agent's one search would show."""
+        """``body`` (its dialect tags neutralized) as much as one observation shows of it (``max_observation_tokens``,
+        tags included): cut at a word boundary and marked with ' ...' where it is cut. The naive-RAG baseline gives its
+        passages this budget, so it reads exactly what the agent's one search would show."""
+        body = self.dialect.neutralize(body)
         _, kept = self._fit(body, self.settings.max_observation_tokens)
         return body if kept >= len(body) else body[:kept].rstrip() + " ..."
 
@@ -547,7 +558,8 @@ class AgentRollout:
     def _append_observation(self, t: Trajectory, body: str, parent: int | None = None, *, kind: str) -> bool:
         """Tokenize an observation on its own, truncated cleanly to the limits, and append it (mask 0) as a
         segment of ``kind``. False when it did not fit at all: the trajectory is then finished
-        (``max_completion_tokens``)."""
+        (``max_completion_tokens``). ``body``'s dialect tags (an error message's, a summary's) are neutralized."""
+        body = self.dialect.neutralize(body)
         ids, kept = self._fit_observation(t, body)
         return self._add_observation(t, ids, kept < len(body), parent, kind=kind)
 
@@ -566,23 +578,23 @@ class AgentRollout:
     def _fit(self, body: str, budget: int) -> tuple[list[int] | None, int]:
         """The wrapped observation's ids within ``budget`` tokens and the number of leading characters of
         ``body`` they hold: the body is cut at a word boundary and marked with '...', the closing tag always
-        kept. ``(None, 0)`` when not even the tags fit."""
-        ids = self._encode(self.dialect.wrap_observation(body))
+        kept. ``(None, 0)`` when not even the tags fit. ``body`` is untrusted text (:meth:`_encode`)."""
+        ids = self._encode(body)
         if len(ids) <= budget:
             return ids, len(body)
-        overhead = len(self._encode(self.dialect.wrap_observation(" ..."))) + 1
+        overhead = len(self._encode(" ...")) + 1
         if overhead > budget:
             return None, 0
-        body_ids = self._encode(body)
+        body_ids = encode_text(self.tokenizer, body)
         keep = budget - overhead
         while keep > 0:
             cut = self.tokenizer.decode(body_ids[:keep], skip_special_tokens=False)
             if " " in cut.strip():
                 cut = cut[: cut.rstrip().rfind(" ")]
             cut = cut.rstrip()
-            ids = self._encode(self.dialect.wrap_observation(cut + " ..."))
+            ids = self._encode(cut + " ...")
             if len(ids) <= budget:
                 return ids, len(os.path.commonprefix([cut, body]))
             keep -= max(1, len(ids) - budget)
-        ids = self._encode(self.dialect.wrap_observation("..."))
+        ids = self._encode("...")
         return (ids, 0) if len(ids) <= budget else (None, 0)

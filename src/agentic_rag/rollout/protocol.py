@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from ..search.types import Hit
@@ -93,6 +93,18 @@ class Dialect:
         return list(dict.fromkeys(stops))
 
     @property
+    def tags(self) -> list[str]:
+        """Every tag of the dialect, as it parses and writes them: tool, answer, observation, think, memory and
+        content tags."""
+        tags = [tag for t in self.tool_tags for tag in (t.open, t.close)]
+        tags += [self.answer_open, self.answer_close, self.observation_open, self.observation_close,
+                 self.think_open, self.think_close]
+        for pair in (self.backtrack, self.summary, *self.content_tags):
+            if pair:
+                tags += list(pair)
+        return [t for t in dict.fromkeys(tags) if t]
+
+    @property
     def environment_tags(self) -> list[str]:
         """Tags only the environment may write; the model writing one is a forgery."""
         return [self.observation_open, self.observation_close]
@@ -132,6 +144,21 @@ class Dialect:
             parts = [p for chunk in parts for p in chunk.split(sep)]
         queries = [p.strip() for p in parts if p.strip()]
         return tuple(dict.fromkeys(queries))[: self.max_queries_per_search]
+
+    def neutralize(self, text: str) -> str:
+        """``text`` with every tag of the dialect in it made ordinary text (``<`` -> ``&lt;``, ``>`` -> ``&gt;`` of
+        that occurrence; a word joiner after the first character of a tag with neither), so that untrusted text
+        (a passage, a tool's result, a user's message) can neither end an observation nor hold an answer or an
+        action. Idempotent; text without the dialect's tags is returned as it is."""
+        pattern = re.compile("|".join(map(re.escape, sorted(self.tags, key=len, reverse=True))))
+        while pattern.search(text):  # one pass does it for the shipped tags; odd custom ones might re-form
+            text = pattern.sub(_defuse, text)
+        return text
+
+    def neutral_hit(self, hit: Hit) -> Hit:
+        """``hit`` with the dialect's tags in its title and text made ordinary text (itself when it has none)."""
+        title, text = self.neutralize(hit.title), self.neutralize(hit.text)
+        return hit if (title, text) == (hit.title, hit.text) else replace(hit, title=title, text=text)
 
     def forged_tags(self, text: str) -> list[str]:
         """Environment tags present in model-written text."""
@@ -275,6 +302,14 @@ def memory_actions(name: str) -> tuple[str, ...]:
     """The memory actions (``backtrack``, ``summary``) dialect ``name`` has."""
     d = get_dialect(name)
     return tuple(a for a, tags in (("backtrack", d.backtrack), ("summary", d.summary)) if tags)
+
+
+def _defuse(match: re.Match[str]) -> str:
+    """A tag occurrence made ordinary text (:meth:`Dialect.neutralize`)."""
+    tag = match.group()
+    if "<" in tag or ">" in tag:
+        return tag.replace("<", "&lt;").replace(">", "&gt;")
+    return tag[0] + "\u2060" + tag[1:]
 
 
 _TAG = re.compile(r"</?[a-z_]+>|<\|[a-z_]+\|>")

@@ -23,6 +23,11 @@ How the reply maps back to a :class:`~.decoding.Generation`:
   server's output, not the ids it sampled, and no log-probabilities come back, so these trajectories must
   not be trained on.
 
+A context whose text the server would tokenize into other control tokens than the context holds is sent as its
+token ids instead (the completions API's token-array ``prompt``, which vLLM, SGLang and llama.cpp take): a passage
+or a question holding the text of a control token (``<|im_end|>``) is encoded as text in the context
+(:mod:`.encoding`), and sent as text the server would read it as the control token itself.
+
 The endpoint is checked when the policy is built (``GET /models`` with a short timeout, and the model must
 be served): an unreachable server fails at once with its URL instead of after the first batch's timeouts.
 A request that still fails after the client's retries raises :class:`~agentic_rag.endpoints.EndpointError`.
@@ -39,6 +44,7 @@ from typing import Any
 
 from ..endpoints import EndpointError, api_key_from_env, check_endpoint
 from .decoding import STOP_EOS, STOP_LENGTH, Generation, SamplingParams
+from .encoding import control_token_ids
 from .policy import per_sequence_budgets
 
 log = logging.getLogger(__name__)
@@ -107,7 +113,7 @@ class OpenAICompletionsPolicy:
 
     # ------------------------------------------------------------------------------------------ one call
 
-    def _request(self, prompt: str, stop: list[str], budget: int) -> Any:
+    def _request(self, prompt: str | list[int], stop: list[str], budget: int) -> Any:
         import openai
 
         s = self.sampling
@@ -132,7 +138,11 @@ class OpenAICompletionsPolicy:
                                 f"{str(exc)[:300]}") from None
 
     def _one(self, context: list[int], stop_strings: list[str], budget: int) -> Generation:
-        prompt = self.tokenizer.decode(context, skip_special_tokens=False)
+        prompt: str | list[int] = self.tokenizer.decode(context, skip_special_tokens=False)
+        control = control_token_ids(self.tokenizer)
+        if "<" in prompt and sum(i in control for i in self.tokenizer(prompt, add_special_tokens=False)[
+                "input_ids"]) != sum(i in control for i in context):
+            prompt = list(context)  # as text, a control token's text in a passage would become the token itself
         with self._lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import OutputError, UserError, input_dir, input_file
-from ..outputs import MARKER, check_apart, claim_dir, mark_dir, owner, replace_dir
+from ..errors import UserError, input_dir, input_file
+from ..outputs import check_apart, claim_dir, claim_work_dir, mark_dir, output_lock, replace_dir
 from .corpus import CorpusStats, Passage, iter_passages
 from .dense_index import DenseIndexSpec
 from .docstore import DocStore, write_offsets
@@ -183,80 +183,66 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, *, bm25: bool
         raise ValueError(f"--chunk-words must be >= 1, got {chunk_size}")
     corpus, out = Path(corpus), Path(out)
     input_file(corpus, "--corpus", what="corpus file")
-    tmp = out.with_name(out.name + ".partial")
-    check_apart(out, {"--corpus": corpus})
-    check_apart(tmp, {"--corpus": corpus})
-    claim_dir(out, "index", move_aside=move_aside)
-    _check_partial(tmp)
-    threads = threads or min(8, os.cpu_count() or 1)
-    encoder = None
-    if dense_encoder:
-        from .dense import Encoder
+    with output_lock(out, "agentic-rag index build"):  # one build per index: a second is refused, naming this one
+        tmp = out.with_name(out.name + ".partial")
+        check_apart(out, {"--corpus": corpus})
+        check_apart(tmp, {"--corpus": corpus})
+        claim_dir(out, "index", move_aside=move_aside)
+        claim_work_dir(tmp, ("index", "index-partial"), what="agentic-rag index build", move_aside=move_aside)
+        threads = threads or min(8, os.cpu_count() or 1)
+        encoder = None
+        if dense_encoder:
+            from .dense import Encoder
 
-        encoder = Encoder(dense_encoder, query_prefix=query_prefix, passage_prefix=passage_prefix)
+            encoder = Encoder(dense_encoder, query_prefix=query_prefix, passage_prefix=passage_prefix)
 
-    if not force and (out / MANIFEST).is_file():
-        try:
-            old = IndexManifest.load(out)
-        except (IndexMismatchError, IndexMissingError):
-            old = None
-        stale = "its manifest cannot be read" if old is None else _stale_reason(
-            old, corpus, bm25=bm25, encoder=encoder, language=language, fmt=fmt, skip_bad=skip_bad,
-            chunk_size=chunk_size, k1=k1, b=b, spec=spec)
-        if old is not None and stale is None:
-            log.info("index at %s is up to date (same corpus, options and parts); use --force to rebuild", out)
-            return old
-        log.info("rebuilding the index at %s: %s", out, stale)
+        if not force and (out / MANIFEST).is_file():
+            try:
+                old = IndexManifest.load(out)
+            except (IndexMismatchError, IndexMissingError):
+                old = None
+            stale = "its manifest cannot be read" if old is None else _stale_reason(
+                old, corpus, bm25=bm25, encoder=encoder, language=language, fmt=fmt, skip_bad=skip_bad,
+                chunk_size=chunk_size, k1=k1, b=b, spec=spec)
+            if old is not None and stale is None:
+                log.info("index at %s is up to date (same corpus, options and parts); use --force to rebuild", out)
+                return old
+            log.info("rebuilding the index at %s: %s", out, stale)
 
-    key = _vector_key(corpus, fmt, chunk_size, encoder, passage_prefix) if encoder is not None else None
-    _reset_partial(tmp, out, key)
-    t0 = time.time()
-    stats = _write_shards(corpus, tmp / "corpus", fmt, skip_bad, chunk_size, progress)
-    _write_all_offsets(tmp)
-    manifest = IndexManifest(corpus=corpus_record(corpus, stats.passages), language=language,
-                             docstore={"jsonl": "corpus", "offsets": "offsets"}, versions=backend_versions())
-    manifest.corpus["format"] = stats.format
-    manifest.corpus["skipped"] = stats.skipped
-    manifest.corpus["skip_bad"] = skip_bad
-    manifest.corpus["chunk_words"] = chunk_size
-    if bm25:
-        n = build_lucene(tmp / "corpus", tmp / "bm25", language=language, threads=threads, progress=progress,
-                         expected_docs=stats.passages)
-        if n != stats.passages:
-            raise RuntimeError(f"Lucene indexed {n} documents but the corpus has {stats.passages} passages")
-        manifest.bm25 = BM25Part(path="bm25", docs=n, k1=k1, b=b)
-    if encoder is not None:
-        store = open_docstore(tmp, manifest)
-        names, resolved = build_faiss(store, tmp / "dense", encoder, spec=spec, key=key, chunk=encode_chunk,
-                                      progress=progress)
-        if not keep_vectors:
-            shutil.rmtree(tmp / "dense" / "vectors")
-        shards = [f"dense/{name}" for name in names]
-        manifest.dense = DensePart(path=shards[0], docs=len(store), encoder=encoder.path, dim=encoder.dim,
-                                   encoder_fingerprint=encoder_fingerprint(encoder.path), faiss_type=spec.kind,
-                                   query_prefix=query_prefix, passage_prefix=passage_prefix,
-                                   params=resolved.params(), shards=shards,
-                                   vectors="dense/vectors" if keep_vectors else None)
-    manifest.save(tmp)
-    mark_dir(tmp, "index")
-    replace_dir(tmp, out)  # the old index (this command's own, claimed above) goes only once the new one is whole
-    log.info("built %s in %.1fs: %d passages", out, time.time() - t0, stats.passages)
-    return manifest
-
-
-def _check_partial(tmp: Path) -> None:
-    """``OUT.partial`` is emptied for a new build: refuse unless it is an interrupted build of this command (its
-    marker, or only the parts a build writes: the layout before markers)."""
-    if not tmp.exists():
-        return
-    if not tmp.is_dir():
-        raise OutputError(f"{tmp} is a file; index build uses that name for its work in progress: move it away")
-    parts = {p.name for p in tmp.iterdir()}
-    if owner(tmp) in ("index", "index-partial") or parts <= {"corpus", "offsets", "dense", "bm25", MANIFEST,
-                                                              MARKER}:
-        return
-    raise OutputError(f"{tmp} holds files agentic-rag did not write ({', '.join(sorted(parts)[:3])}); index build "
-                      f"uses that folder for its work in progress: move it away")
+        key = _vector_key(corpus, fmt, chunk_size, encoder, passage_prefix) if encoder is not None else None
+        _reset_partial(tmp, out, key)
+        t0 = time.time()
+        stats = _write_shards(corpus, tmp / "corpus", fmt, skip_bad, chunk_size, progress)
+        _write_all_offsets(tmp)
+        manifest = IndexManifest(corpus=corpus_record(corpus, stats.passages), language=language,
+                                 docstore={"jsonl": "corpus", "offsets": "offsets"}, versions=backend_versions())
+        manifest.corpus["format"] = stats.format
+        manifest.corpus["skipped"] = stats.skipped
+        manifest.corpus["skip_bad"] = skip_bad
+        manifest.corpus["chunk_words"] = chunk_size
+        if bm25:
+            n = build_lucene(tmp / "corpus", tmp / "bm25", language=language, threads=threads, progress=progress,
+                             expected_docs=stats.passages)
+            if n != stats.passages:
+                raise RuntimeError(f"Lucene indexed {n} documents but the corpus has {stats.passages} passages")
+            manifest.bm25 = BM25Part(path="bm25", docs=n, k1=k1, b=b)
+        if encoder is not None:
+            store = open_docstore(tmp, manifest)
+            names, resolved = build_faiss(store, tmp / "dense", encoder, spec=spec, key=key, chunk=encode_chunk,
+                                          progress=progress)
+            if not keep_vectors:
+                shutil.rmtree(tmp / "dense" / "vectors")
+            shards = [f"dense/{name}" for name in names]
+            manifest.dense = DensePart(path=shards[0], docs=len(store), encoder=encoder.path, dim=encoder.dim,
+                                       encoder_fingerprint=encoder_fingerprint(encoder.path), faiss_type=spec.kind,
+                                       query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                       params=resolved.params(), shards=shards,
+                                       vectors="dense/vectors" if keep_vectors else None)
+        manifest.save(tmp)
+        mark_dir(tmp, "index")
+        replace_dir(tmp, out)  # the old index (this command's own, claimed above) goes only once the new one is whole
+        log.info("built %s in %.1fs: %d passages", out, time.time() - t0, stats.passages)
+        return manifest
 
 
 def _vector_key(corpus: Path, fmt: str, chunk_size: int, encoder, passage_prefix: str) -> dict:
@@ -375,48 +361,51 @@ def link_index(out: str | os.PathLike, *, lucene: str | None = None, faiss_dir: 
             raise ValueError(f"--faiss {faiss_dir} needs passage text: pass --lucene DIR (the Lucene index that "
                              f"stores the documents its 'docid' file names) or --corpus FILE")
     out = Path(out)
-    check_apart(out, {"--lucene": lucene, "--faiss": faiss_dir, "--corpus": corpus})
-    claim_dir(out, "index", move_aside=move_aside)
-    if corpus:
-        input_file(corpus, "--corpus", what="corpus file")
-    mark_dir(out, "index")
-    manifest = IndexManifest(corpus={"path": None, "sha256": None, "size": None, "passages": None},
-                             language=language, versions=backend_versions())
-    if corpus:
-        stats = _write_shards(corpus, out / "corpus.partial", "auto", False, 100, progress)
-        shutil.rmtree(out / "corpus", ignore_errors=True)
-        os.replace(out / "corpus.partial", out / "corpus")
-        _write_all_offsets(out)
-        manifest.corpus = corpus_record(corpus, stats.passages)
-        manifest.docstore = {"jsonl": "corpus", "offsets": "offsets"}
-    bm25 = None
-    if lucene:
-        from .bm25 import BM25Searcher
+    with output_lock(out, "agentic-rag index link"):
+        check_apart(out, {"--lucene": lucene, "--faiss": faiss_dir, "--corpus": corpus})
+        claim_dir(out, "index", move_aside=move_aside)
+        if corpus:
+            input_file(corpus, "--corpus", what="corpus file")
+        mark_dir(out, "index")
+        manifest = IndexManifest(corpus={"path": None, "sha256": None, "size": None, "passages": None},
+                                 language=language, versions=backend_versions())
+        if corpus:
+            stats = _write_shards(corpus, out / "corpus.partial", "auto", False, 100, progress)
+            shutil.rmtree(out / "corpus", ignore_errors=True)
+            os.replace(out / "corpus.partial", out / "corpus")
+            _write_all_offsets(out)
+            manifest.corpus = corpus_record(corpus, stats.passages)
+            manifest.docstore = {"jsonl": "corpus", "offsets": "offsets"}
+        bm25 = None
+        if lucene:
+            from .bm25 import BM25Searcher
 
-        lucene_path = Path(lucene).resolve()
-        bm25 = BM25Searcher(lucene_path, k1=k1, b=b, language=language)
-        docs = bm25.num_docs
-        manifest.bm25 = BM25Part(path=str(lucene_path), docs=docs, external=True, k1=k1, b=b)
-        if manifest.corpus["passages"] is None:
-            manifest.corpus["passages"] = docs
-    if index_file is not None:
-        from .dense import resolve_encoder
-        from .dense_index import index_kind, read_index
+            lucene_path = Path(lucene).resolve()
+            bm25 = BM25Searcher(lucene_path, k1=k1, b=b, language=language)
+            docs = bm25.num_docs
+            manifest.bm25 = BM25Part(path=str(lucene_path), docs=docs, external=True, k1=k1, b=b)
+            if manifest.corpus["passages"] is None:
+                manifest.corpus["passages"] = docs
+        if index_file is not None:
+            from .dense import resolve_encoder
+            from .dense_index import index_kind, read_index
 
-        index = read_index(index_file)  # memory-mapped: a 21M-vector index is not read just to count it
-        encoder_path = resolve_encoder(dense_encoder)
-        manifest.dense = DensePart(path=str(index_file), docs=int(index.ntotal), encoder=encoder_path,
-                                   dim=int(index.d), encoder_fingerprint=encoder_fingerprint(encoder_path)
-                                   if os.path.isdir(encoder_path) else "", external=True, faiss_type=index_kind(index),
-                                   query_prefix=query_prefix, passage_prefix=passage_prefix,
-                                   docids=str(docid_file) if docid_file else None)
-        if manifest.docstore is not None and manifest.corpus["passages"] != index.ntotal:
-            raise IndexMismatchError(f"the FAISS index has {index.ntotal} vectors but the corpus has "
-                                     f"{manifest.corpus['passages']} passages; pass the corpus it was built from")
-        if manifest.docstore is None:  # text from Lucene by docid: check the docid file fits both indexes
-            _check_docids(docid_file, int(index.ntotal), bm25)
-    manifest.save(out)
-    return manifest
+            index = read_index(index_file)  # memory-mapped: a 21M-vector index is not read just to count it
+            encoder_path = resolve_encoder(dense_encoder)
+            manifest.dense = DensePart(path=str(index_file), docs=int(index.ntotal), encoder=encoder_path,
+                                       dim=int(index.d),
+                                       encoder_fingerprint=encoder_fingerprint(encoder_path)
+                                       if os.path.isdir(encoder_path) else "", external=True,
+                                       faiss_type=index_kind(index),
+                                       query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                       docids=str(docid_file) if docid_file else None)
+            if manifest.docstore is not None and manifest.corpus["passages"] != index.ntotal:
+                raise IndexMismatchError(f"the FAISS index has {index.ntotal} vectors but the corpus has "
+                                         f"{manifest.corpus['passages']} passages; pass the corpus it was built from")
+            if manifest.docstore is None:  # text from Lucene by docid: check the docid file fits both indexes
+                _check_docids(docid_file, int(index.ntotal), bm25)
+        manifest.save(out)
+        return manifest
 
 
 def read_docids(docid_file: str | os.PathLike) -> list[str]:

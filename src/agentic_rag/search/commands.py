@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..argtypes import non_negative_float, non_negative_int, port, positive_int, unit_float
+from ..argtypes import non_negative_float, non_negative_int, port, positive_float, positive_int, unit_float
 from ..outputs import add_move_aside
 from .settings import RETRIEVERS, retriever_names
 
@@ -120,9 +120,11 @@ def cmd_index_info(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_search(args: argparse.Namespace) -> int:
+    from ..http_guard import DEFAULT_CLIENT_TIMEOUT_S
     from .server import ServerLimits, serve, serve_workers
 
-    limits = ServerLimits(max_k=args.max_k, max_batch=args.max_batch)
+    limits = ServerLimits(max_k=args.max_k, max_batch=args.max_batch,
+                          client_timeout_s=args.client_timeout_s or DEFAULT_CLIENT_TIMEOUT_S)
     info = {"index": str(args.index), "retriever": args.retriever}
     if args.workers > 1:
         print(f"serving {args.retriever} search over {args.index} on http://{args.host}:{args.port} with "
@@ -224,4 +226,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shutdown-grace-s", type=non_negative_float, default=10.0,
                    help="on SIGTERM or SIGINT: stop accepting connections and give the requests in flight this long "
                         "to be answered; what is still waiting then gets 503 'server shutting down' (default 10)")
+    # default None, not http_guard's constant: every agentic-rag command registers these flags, and importing
+    # http_guard (uvicorn, starlette) here would slow them all; cmd_serve_search fills the default in
+    p.add_argument("--client-timeout-s", type=positive_float, default=None,
+                   help="a request's head, and then its body, must each arrive within this many seconds: a slow "
+                        "client's connection is closed (head) or answered 408 (body) (default 20)")
     p.set_defaults(func=cmd_serve_search)

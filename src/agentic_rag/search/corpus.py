@@ -280,14 +280,12 @@ def build_corpus(input_path: str | os.PathLike, out_path: str | os.PathLike, fmt
                  skip_bad: bool = False, chunk_size: int = 100, progress: bool = True) -> CorpusStats:
     """Normalise ``input_path`` into a passage JSONL at ``out_path`` (written atomically)."""
     from ..errors import input_file
-    from ..outputs import check_output_file
+    from ..outputs import check_output_file, temp_beside
 
     input_file(input_path, "--input", what="corpus file")
     out_path = check_output_file(out_path, {"--input": input_path})
     stats = CorpusStats(fmt)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".partial")
-    try:
+    with temp_beside(out_path) as tmp:  # a fresh name: a file of the user's beside the output is never touched
         with open(tmp, "w", encoding="utf-8") as out:
             for passage in iter_passages(input_path, fmt, skip_bad=skip_bad, chunk_size=chunk_size,
                                          stats=stats, progress=progress):
@@ -295,6 +293,4 @@ def build_corpus(input_path: str | os.PathLike, out_path: str | os.PathLike, fmt
         if stats.passages == 0:
             raise CorpusFormatError(input_path, 1, "no passages were read")
         os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return stats

@@ -5,7 +5,8 @@ Requests that arrive together are answered together: a background task collects 
 its own threads. Under load this turns many small requests into few large ones; alone, a request waits
 for nothing. A bad request (malformed JSON, empty or oversized query, k out of range, too many queries,
 oversized body, with or without a content-length header) is answered 4xx with a reason, and the server
-keeps serving.
+keeps serving. A slow client is not waited for (:mod:`agentic_rag.http_guard`): a connection whose request head
+has not arrived within ``client_timeout_s`` (default 20 s) is closed, and a body that has not is answered 408.
 
 Request and response bodies::
 
@@ -55,6 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.supervisors import Multiprocess
 
 from ..graceful import Drain, DrainMiddleware, ShuttingDown, run, uvicorn_options
+from ..http_guard import CLIENT_TIMEOUT_KEY, DEFAULT_CLIENT_TIMEOUT_S, BodyGuard
 from .types import MAX_QUERY_CHARS, Hit, PartialSearchError, QueryError, Searcher, isolate_failures
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class ServerLimits:
     max_query_chars: int = MAX_QUERY_CHARS
     max_batch: int = 256
     max_body_bytes: int = 4 << 20
+    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S  # a request's head, and then its body, must arrive within it
 
 
 DEFAULT_SHUTDOWN_GRACE_S = 10.0
@@ -233,50 +236,16 @@ class _Batcher:
                 i += len(p.queries)
 
 
-class _BodyLimit:
-    """ASGI middleware: 413 for a body over ``limit`` bytes, by its content-length header or, for a chunked
-    upload without one, by the bytes actually received (counted as they arrive; at most ``limit`` are read)."""
+class _CountRequests:
+    """ASGI middleware: counts the HTTP requests (``/health``'s ``requests``)."""
 
-    def __init__(self, app: Any, limit: int, state: dict[str, Any]):
-        self.app, self.limit, self.state = app, limit, state
+    def __init__(self, app: Any, state: dict[str, Any]):
+        self.app, self.state = app, state
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.state["requests"] += 1
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._reject(scope, receive, send)
-            return
-        chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away: let the app see it
-                break
-            chunks.append(message.get("body", b""))
-            total += len(chunks[-1])
-            if total > self.limit:
-                await self._reject(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope: dict, receive: Any, send: Any) -> None:
-        self.state["errors_4xx"] += 1
-        response = JSONResponse({"detail": f"request body over {self.limit} bytes"}, status_code=413,
-                                headers={"connection": "close"})
-        await response(scope, receive, send)
+        if scope["type"] == "http":
+            self.state["requests"] += 1
+        await self.app(scope, receive, send)
 
 
 def create_app(searcher: Searcher, *, limits: ServerLimits | None = None, info: dict[str, Any] | None = None,
@@ -291,14 +260,21 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None, info: 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(batcher.run())
         try:
-            yield {"drain": drain}  # the lifespan state: how the draining protocol finds it
+            # the lifespan state: how the draining protocol finds the drain and the request head's deadline
+            yield {"drain": drain, CLIENT_TIMEOUT_KEY: limits.client_timeout_s}
         finally:
             drain.finish()  # every request has been answered by now (uvicorn waits for them)
             task.cancel()
 
     app = FastAPI(title="agentic-rag search", lifespan=lifespan)
     app.state.drain = drain
-    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes, state=state)
+
+    def refuse(status: int, reason: str) -> JSONResponse:
+        state["errors_4xx"] += 1
+        return JSONResponse({"detail": reason}, status_code=status)
+
+    app.add_middleware(BodyGuard, limit=limits.max_body_bytes, timeout_s=limits.client_timeout_s, reject=refuse)
+    app.add_middleware(_CountRequests, state=state)
     app.add_middleware(DrainMiddleware, drain=drain)
 
     @app.exception_handler(StarletteHTTPException)
@@ -356,7 +332,8 @@ def create_app(searcher: Searcher, *, limits: ServerLimits | None = None, info: 
                "requests": state["requests"], "errors_4xx": state["errors_4xx"],
                "batches": batcher.batches, "queries": batcher.queries, "query_errors": batcher.query_errors,
                "limits": {"max_k": limits.max_k, "max_query_chars": limits.max_query_chars,
-                          "max_batch": limits.max_batch, "max_body_bytes": limits.max_body_bytes}}
+                          "max_batch": limits.max_batch, "max_body_bytes": limits.max_body_bytes,
+                          "client_timeout_s": limits.client_timeout_s}}
         cache = getattr(searcher, "cache", None)
         if cache is not None:
             out["cache"] = cache.stats()

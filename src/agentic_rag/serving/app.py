@@ -1,11 +1,13 @@
 """The OpenAI-compatible chat server: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 
-:func:`create_app` wires a :class:`~.agent.ChatAgent` to a :class:`~.scheduler.Scheduler` (one engine
-thread, a bounded queue) behind FastAPI. The request path: authorise (bearer token, when configured) ->
-read the body (size-limited) -> parse and check it (:mod:`.schema`; any problem is a 4xx with a reason,
-never a 5xx) -> build the prompt ids off the event loop -> queue the job (full queue: 429 + Retry-After)
--> answer as one JSON body or as server-sent events, both made by one :class:`~.replies.ReplyWriter` per
-request (the app passes the engine's output through; it holds no reply text logic).
+:func:`create_app` wires a :class:`~.agent.ChatAgent` to a :class:`~.scheduler.Scheduler` (one engine thread, a
+bounded queue) behind FastAPI. The request path: authorise (bearer token, when configured; before a byte of the
+body is read) -> read the body (:class:`~agentic_rag.http_guard.BodyGuard`: at most :func:`max_body_bytes`, else
+413, and within ``client_timeout_s``, else 408) -> parse and check it (:mod:`.schema`; any problem is a 4xx with a
+reason, never a 5xx) -> build the prompt ids off the event loop -> queue the job (full queue: 429 + Retry-After) ->
+answer as one JSON body or as server-sent events, both made by one :class:`~.replies.ReplyWriter` per request (the
+app passes the engine's output through; it holds no reply text logic). A connection whose request head has not
+arrived within ``client_timeout_s`` is closed (:mod:`agentic_rag.http_guard`).
 
 A client that goes away is noticed in both modes: a stream's response ends when uvicorn reports the
 disconnect, and a plain request polls for it while it waits. Either way the job is cancelled: dropped from
@@ -40,6 +42,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..graceful import Drain, DrainMiddleware, ShuttingDown
+from ..http_guard import CLIENT_TIMEOUT_KEY, BodyGuard
 from .agent import ChatAgent
 from .config import ServeConfig
 from .conversation import prompt_ids
@@ -86,7 +89,8 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         scheduler.start()
         try:
-            yield {"drain": drain}  # the lifespan state: how the draining protocol finds it
+            # the lifespan state: how the draining protocol finds the drain and the request head's deadline
+            yield {"drain": drain, CLIENT_TIMEOUT_KEY: config.server.client_timeout_s}
         finally:
             drain.finish()  # every request has been answered by now (uvicorn waits for them)
             await asyncio.to_thread(scheduler.stop)
@@ -95,7 +99,6 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
     app.state.scheduler = scheduler
     app.state.agent = agent
     app.state.drain = drain
-    app.add_middleware(DrainMiddleware, drain=drain)
 
     def authorised(request: Request) -> bool:
         if not token:
@@ -104,12 +107,25 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
         scheme, _, given = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token)
 
-    def require_auth(request: Request) -> None:
+    def unauthorised(request: Request) -> APIError | None:
         if authorised(request):
-            return
+            return None
         reason = "missing bearer token" if "authorization" not in request.headers else "invalid bearer token"
-        raise APIError(401, f"{reason}: send 'Authorization: Bearer <token>'", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        return APIError(401, f"{reason}: send 'Authorization: Bearer <token>'", code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+    def require_auth(request: Request) -> None:
+        if (err := unauthorised(request)) is not None:
+            raise err
+
+    def admit(scope: dict) -> JSONResponse | None:
+        """A /v1 request without the token is answered 401 before its body is read."""
+        err = unauthorised(Request(scope)) if scope["path"].startswith("/v1") else None
+        return None if err is None else JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    app.add_middleware(BodyGuard, limit=body_limit, timeout_s=config.server.client_timeout_s, reject=_refuse_body,
+                       admit=admit)
+    app.add_middleware(DrainMiddleware, drain=drain)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -133,7 +149,7 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
             out["limits"] = {"max_tokens": agent.settings.max_completion_tokens,
                              "max_tokens_limit": srv.max_tokens_limit, "max_prompt_tokens": srv.max_prompt_tokens,
                              "max_message_chars": srv.max_message_chars, "max_messages": srv.max_messages,
-                             "context_length": agent.context_length}
+                             "context_length": agent.context_length, "client_timeout_s": srv.client_timeout_s}
         return out
 
     @app.get("/v1/models")
@@ -190,13 +206,20 @@ def shutting_down() -> APIError:
                          "once it is back)", code="server_shutting_down")
 
 
+def _refuse_body(status: int, reason: str) -> JSONResponse:
+    """:class:`~agentic_rag.http_guard.BodyGuard`'s answer to a body too large (413) or too slow (408), in OpenAI's
+    error shape."""
+    return JSONResponse(APIError(status, reason).body(), status_code=status)
+
+
 async def _read_json(request: Request, limit: int) -> Any:
+    """The request's JSON body. :class:`~agentic_rag.http_guard.BodyGuard` has already read it, at most ``limit``
+    bytes (it refuses a longer one while it arrives), so ``request.body()`` holds no more than that; without the
+    guard a chunked body would be read whole. The content-length check repeats the guard's early refusal."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise APIError(413, f"request body over {limit} bytes")
     body = await request.body()
-    if len(body) > limit:
-        raise APIError(413, f"request body over {limit} bytes")
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

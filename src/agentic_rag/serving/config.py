@@ -20,11 +20,13 @@ import dataclasses
 import difflib
 import ipaddress
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..http_guard import DEFAULT_CLIENT_TIMEOUT_S
 from ..models import DTYPES, model_problem
 from ..rollout.settings import PromptSettings, RolloutSettings
 from ..rollout.trained_settings import beneath, find_settings, override_lines
@@ -65,6 +67,10 @@ class ModelSection:
     device: str = setting("", "torch device (default: cuda when available, else cpu)")
 
 
+def _positive_seconds(value: float) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "must be a finite number > 0"
+
+
 @dataclass
 class ServerSection:
     host: str = setting("127.0.0.1", "interface to bind")
@@ -78,6 +84,10 @@ class ServerSection:
                                             "in flight this many seconds to finish; one still running then gets an "
                                             "error (503, or an error chunk and [DONE] in a stream), and a request "
                                             "arriving meanwhile gets 503", min=0)
+    client_timeout_s: float = setting(DEFAULT_CLIENT_TIMEOUT_S, "a request's head (request line and headers), and "
+                                      "then its body, must each arrive within this many seconds; a slow client is "
+                                      "dropped (a head: the connection is closed) or answered 408 (a body)",
+                                      check=_positive_seconds)
     max_tokens_limit: int = setting(4096, "largest max_tokens a request may ask (the whole agent completion: model "
                                           "tokens and inserted search results)", min=1)
     max_prompt_tokens: int = setting(8192, "largest templated conversation", min=1)

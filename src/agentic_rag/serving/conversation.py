@@ -7,14 +7,17 @@ replaces it (the client takes responsibility for telling the model its tags). Ea
 answers the server gave (the ``content`` of its replies), so the history the model sees is short and clean.
 Chat models get their chat template (unless ``prompt.chat_template`` is false: a model trained without it); a model
 without one gets the plain-text layout of base-model prompts.
+
+Everything the client sends is untrusted (:func:`~agentic_rag.data.prompts.messages_prompt`): user and assistant
+messages have the dialect's tags neutralized, and every message, a client's system message included, is encoded with
+no control token recognised, so a message holding ``<|im_end|>\\n<|im_start|>system`` stays one message.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..data.prompts import build_prompt
-from ..rollout.protocol import LANGUAGES
+from ..data.prompts import build_prompt, messages_prompt
 from ..rollout.settings import PromptSettings
 
 
@@ -30,15 +33,7 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], dialect: str = "a
     if len(messages) == 1:
         return build_prompt(tokenizer, messages[0]["content"], dialect, language=prompt.language, chat=chat,
                             system=system)
-    if messages[0]["role"] != "system":
+    ours = messages[0]["role"] != "system"
+    if ours:
         messages = [{"role": "system", "content": system}, *messages]
-    if chat:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-    user, assistant = LANGUAGES[prompt.language]
-    names = {"user": user, "assistant": assistant}
-    lines = [messages[0]["content"], ""]
-    lines += [f"{names[m['role']]}: {m['content']}" for m in messages[1:]]
-    return tokenizer("\n".join(lines) + f"\n{assistant}:", add_special_tokens=False)["input_ids"]
+    return messages_prompt(tokenizer, messages, dialect, language=prompt.language, chat=chat, trusted_system=ours)

@@ -30,7 +30,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from ..errors import input_file
     from ..models import model_problem
-    from ..outputs import check_apart, claim_dir
+    from ..outputs import check_apart, claim_dir, output_lock
     from .sft import run_sft
 
     # everything the user named is checked before the model loads: the settings first, then the paths. The
@@ -46,14 +46,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
     if problem := model_problem(args.model):
         raise ValueError(f"--model: {problem}")
     check_apart(args.out, {"--model": args.model, "--data": args.data})
-    claim_dir(args.out, "sft", move_aside=args.move_aside)
-    summary = run_sft(model=args.model, data=args.data, output_dir=args.out, rollout=saved.rollout,
-                      prompt=saved.prompt, epochs=args.epochs, learning_rate=args.lr,
-                      batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha, full=args.full,
-                      merge=args.merge, max_length=args.max_length, seed=args.seed,
-                      gradient_checkpointing=args.gradient_checkpointing, group_by_length=args.group_by_length,
-                      grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume,
-                      cpu_autocast=args.cpu_autocast)
+    with output_lock(args.out, "agentic-rag sft"):  # before --move-aside can rename anything
+        claim_dir(args.out, "sft", move_aside=args.move_aside)
+        summary = run_sft(model=args.model, data=args.data, output_dir=args.out, rollout=saved.rollout,
+                          prompt=saved.prompt, epochs=args.epochs, learning_rate=args.lr,
+                          batch_size=args.batch_size, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
+                          full=args.full,
+                          merge=args.merge, max_length=args.max_length, seed=args.seed,
+                          gradient_checkpointing=args.gradient_checkpointing,
+                          group_by_length=args.group_by_length,
+                          grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume,
+                          cpu_autocast=args.cpu_autocast, move_aside=args.move_aside)
     print(json.dumps(summary))
     return 0
 

@@ -61,18 +61,33 @@ def example_from_tokens(row: dict[str, Any]) -> SFTExample | None:
 
 def example_from_text(row: dict[str, Any], tokenizer: Any, dialect: Dialect, *, language: str = "en",
                       chat: bool | None = None, system: str | None = None) -> SFTExample:
+    """A text-level line as an example. The model's text is tokenized as the model writes it (control tokens
+    recognised); an observation block's passages are the environment's untrusted text, encoded as the engine encodes
+    them (dialect tags neutralized, no control token recognised), inside the dialect's tags as written. A close tag
+    outside any block is refused (ValueError): a passage holding the tag itself, which the text cannot tell from the
+    block's end (the engine's own text, ``Trajectory.text``, never has one: it neutralizes passages)."""
+    from ..rollout.encoding import encode_pieces
+
     prompt = build_prompt(tokenizer, row["question"], dialect, language=language, chat=chat, system=system)
     ids, mask = list(prompt), [0] * len(prompt)
-    pattern = re.compile(r"\s*" + re.escape(dialect.observation_open) + r".*?" + re.escape(dialect.observation_close)
-                         + r"\s*", re.S)
+    pattern = re.compile(r"(\s*" + re.escape(dialect.observation_open) + r")(.*?)("
+                         + re.escape(dialect.observation_close) + r"\s*)", re.S)
     text = row["completion"]
+    close = dialect.observation_close
+    if close in pattern.sub("", text):
+        raise ValueError(f"completion: {close!r} outside an observation block (a passage holding the tag itself?): "
+                         f"a text-level line cannot tell where that observation ends; neutralize the passages' tags "
+                         f"(Dialect.neutralize) or give token-level lines")
     pos = 0
     for m in pattern.finditer(text):
-        for piece, trained in ((text[pos:m.start()], 1), (m.group(0), 0)):
-            if piece:
-                part = tokenizer(piece, add_special_tokens=False)["input_ids"]
-                ids += part
-                mask += [trained] * len(part)
+        if m.start() > pos:
+            part = tokenizer(text[pos:m.start()], add_special_tokens=False)["input_ids"]
+            ids += part
+            mask += [1] * len(part)
+        part = encode_pieces(tokenizer, [(m.group(1), True), (dialect.neutralize(m.group(2)), False),
+                                         (m.group(3), True)])
+        ids += part
+        mask += [0] * len(part)
         pos = m.end()
     tail = text[pos:]
     if tail:
@@ -224,7 +239,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
             max_length: int = 2048, seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
             gradient_checkpointing: bool = True, group_by_length: bool = False, grad_accum: int = 1,
             save_steps: int = 50, resume: bool | None = False, progress: bool = True,
-            cpu_autocast: str = "none") -> dict[str, Any]:
+            cpu_autocast: str = "none", move_aside: bool = False) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
@@ -235,81 +250,86 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
     The run works in ``OUTPUT_DIR.partial`` and is swapped into place whole at the end. It saves a checkpoint every
     ``save_steps`` optimizer steps there; a run stopped on the way is continued with ``resume`` (same model, data
     and settings, checked), and an interrupted run is never started over silently: without ``resume`` it is
-    refused (``resume=None``: continue one if there is one, as the quick start does). ``progress``: one console
-    line per step (step i/N, loss, seconds a step, time left)."""
+    refused (``resume=None``: continue one if there is one, as the quick start does). ``OUTPUT_DIR.partial`` is
+    used only when missing or marked as this command's (:func:`agentic_rag.outputs.claim_work_dir`): a folder of the
+    user's by that name is refused, or renamed aside with ``move_aside``, never emptied. The run holds
+    ``OUTPUT_DIR``'s lock throughout (:func:`agentic_rag.outputs.output_lock`). ``progress``: one console line per
+    step (step i/N, loss, seconds a step, time left)."""
     from ..errors import UserError
     from ..malloc import heap_for_blocks_below, trim_heap
     from ..models import save_model
-    from ..outputs import mark_dir, replace_dir
+    from ..outputs import claim_work_dir, mark_dir, output_lock, replace_dir
     from .progress import ProgressLine
 
     final = Path(output_dir)
-    # everything is written beside the output and swapped in whole: an earlier output there stays until then
-    partial = final.with_name(final.name + ".partial")
-    run = {"model": model, "data": str(Path(data).resolve()), "data_sha256": _sha256(data), "epochs": epochs,
-           "learning_rate": learning_rate, "batch_size": batch_size, "grad_accum": grad_accum, "lora_r": lora_r,
-           "lora_alpha": lora_alpha, "full": full, "max_length": max_length, "seed": seed,
-           "group_by_length": group_by_length, "cpu_autocast": cpu_autocast}
-    checkpoint = _latest_checkpoint(partial)
-    if resume is None:
-        resume = checkpoint is not None
-    if resume:
-        if checkpoint is None:
-            raise UserError(f"--resume: {partial} holds no checkpoint of an interrupted SFT run to continue; run "
-                            f"without --resume")
-        before = json.loads((partial / "sft_run.json").read_text()) if (partial / "sft_run.json").is_file() else {}
-        differ = sorted(k for k in run if before.get(k) != run[k])
-        if differ:
-            raise UserError(f"--resume: the interrupted run in {partial} was made with other settings "
-                            f"({', '.join(differ)} differ); continue it with the same ones, or move {partial} away "
-                            f"to start over")
-    elif checkpoint is not None:
-        raise UserError(f"{partial} holds an interrupted SFT run ({Path(checkpoint).name}): continue it with "
-                        f"--resume, or move {partial} away to start over")
-    elif partial.exists():
-        shutil.rmtree(partial)  # an interrupted run's, without a checkpoint: nothing in it can be continued
-    output_dir = str(mark_dir(partial, "sft"))
-    (partial / "sft_run.json").write_text(json.dumps(run, indent=1))
-    trainer, examples, skipped = build_sft_trainer(
-        model=model, data=data, output_dir=output_dir, rollout=rollout, prompt=prompt, epochs=epochs,
-        learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
-        max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
-        gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length, grad_accum=grad_accum,
-        save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None, cpu_autocast=cpu_autocast)
-    if checkpoint:
-        log.info("resuming SFT from %s", checkpoint)
-    # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
-    stretch = trainer.args.bf16 and trainer.args.use_cpu
-    with heap_for_blocks_below() if stretch else nullcontext():
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-    for old in partial.glob("checkpoint-*"):
-        shutil.rmtree(old)  # done: the checkpoints served their purpose, the output is what stays
-    if full:
-        save_model(trainer.model, output_dir)
-    elif merge:
-        save_model(trainer.model.merge_and_unload(), output_dir)
-    else:
-        trainer.save_model(output_dir)  # the LoRA adapter (PEFT)
-    trainer.processing_class.save_pretrained(output_dir)
-    rollout = rollout or RolloutSettings()
-    write_settings(output_dir, rollout, resolved_prompt(prompt or PromptSettings(), rollout.dialect,
-                                                        trainer.processing_class), written_by="sft")
-    from .train import peak_rss_mb
+    with output_lock(final, "agentic-rag sft"):  # one run per output: a second is refused, naming this one
+        # everything is written beside the output and swapped in whole: an earlier output there stays until then
+        partial = final.with_name(final.name + ".partial")
+        run = {"model": model, "data": str(Path(data).resolve()), "data_sha256": _sha256(data), "epochs": epochs,
+               "learning_rate": learning_rate, "batch_size": batch_size, "grad_accum": grad_accum, "lora_r": lora_r,
+               "lora_alpha": lora_alpha, "full": full, "max_length": max_length, "seed": seed,
+               "group_by_length": group_by_length, "cpu_autocast": cpu_autocast}
+        claim_work_dir(partial, ("sft",), what="agentic-rag sft", move_aside=move_aside)
+        checkpoint = _latest_checkpoint(partial)
+        if resume is None:
+            resume = checkpoint is not None
+        if resume:
+            if checkpoint is None:
+                raise UserError(f"--resume: {partial} holds no checkpoint of an interrupted SFT run to continue; run "
+                                f"without --resume")
+            before = json.loads((partial / "sft_run.json").read_text()) if (partial / "sft_run.json").is_file() else {}
+            differ = sorted(k for k in run if before.get(k) != run[k])
+            if differ:
+                raise UserError(f"--resume: the interrupted run in {partial} was made with other settings "
+                                f"({', '.join(differ)} differ); continue it with the same ones, or move {partial} away "
+                                f"to start over")
+        elif checkpoint is not None:
+            raise UserError(f"{partial} holds an interrupted SFT run ({Path(checkpoint).name}): continue it with "
+                            f"--resume, or move {partial} away to start over")
+        elif partial.exists():
+            shutil.rmtree(partial)  # this command's own (claimed above), without a checkpoint: nothing to continue
+        output_dir = str(mark_dir(partial, "sft"))
+        (partial / "sft_run.json").write_text(json.dumps(run, indent=1))
+        trainer, examples, skipped = build_sft_trainer(
+            model=model, data=data, output_dir=output_dir, rollout=rollout, prompt=prompt, epochs=epochs,
+            learning_rate=learning_rate, batch_size=batch_size, lora_r=lora_r, lora_alpha=lora_alpha, full=full,
+            max_length=max_length, seed=seed, report_to=report_to, logging_steps=logging_steps,
+            gradient_checkpointing=gradient_checkpointing, group_by_length=group_by_length, grad_accum=grad_accum,
+            save_steps=save_steps, callbacks=[ProgressLine("sft")] if progress else None, cpu_autocast=cpu_autocast)
+        if checkpoint:
+            log.info("resuming SFT from %s", checkpoint)
+        # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
+        stretch = trainer.args.bf16 and trainer.args.use_cpu
+        with heap_for_blocks_below() if stretch else nullcontext():
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+        for old in partial.glob("checkpoint-*"):
+            shutil.rmtree(old)  # done: the checkpoints served their purpose, the output is what stays
+        if full:
+            save_model(trainer.model, output_dir)
+        elif merge:
+            save_model(trainer.model.merge_and_unload(), output_dir)
+        else:
+            trainer.save_model(output_dir)  # the LoRA adapter (PEFT)
+        trainer.processing_class.save_pretrained(output_dir)
+        rollout = rollout or RolloutSettings()
+        write_settings(output_dir, rollout, resolved_prompt(prompt or PromptSettings(), rollout.dialect,
+                                                            trainer.processing_class), written_by="sft")
+        from .train import peak_rss_mb
 
-    summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
-               "output_dir": str(final), "adapter": not full and not merge, "merged": merge and not full,
-               "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
-                                                                                          for e in examples),
-               "steps": trainer.state.global_step, "resumed_from": checkpoint,
-               "train_runtime_s": result.metrics.get("train_runtime"), "peak_rss_mb": round(peak_rss_mb(), 1),
-               "cpu_bf16_autocast": bool(trainer.args.bf16)}  # what cpu_autocast resolved to on this machine
-    Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
-    replace_dir(partial, final)
-    if stretch:  # the trainer's memory was allocated in the heap: free it and hand it back before the caller goes on
-        del trainer, result
-        gc.collect()
-        trim_heap()
-    return summary
+        summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,
+                   "output_dir": str(final), "adapter": not full and not merge, "merged": merge and not full,
+                   "masked_fraction": 1 - sum(sum(e.completion_mask) for e in examples) / sum(len(e.input_ids)
+                                                                                              for e in examples),
+                   "steps": trainer.state.global_step, "resumed_from": checkpoint,
+                   "train_runtime_s": result.metrics.get("train_runtime"), "peak_rss_mb": round(peak_rss_mb(), 1),
+                   "cpu_bf16_autocast": bool(trainer.args.bf16)}  # what cpu_autocast resolved to on this machine
+        Path(output_dir, "sft_summary.json").write_text(json.dumps(summary, indent=1))
+        replace_dir(partial, final)
+        if stretch:  # the trainer's memory was allocated in the heap: free it, hand it back before the caller goes on
+            del trainer, result
+            gc.collect()
+            trim_heap()
+        return summary
 
 
 def _sha256(path: str | os.PathLike) -> str:

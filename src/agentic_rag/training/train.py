@@ -39,7 +39,7 @@ import yaml
 from ..argtypes import Parser
 from ..errors import UserError, guarded
 from ..logs import configure_logging
-from ..outputs import add_move_aside, aside_path, check_apart, claim_dir, mark_dir
+from ..outputs import add_move_aside, aside_path, check_apart, claim_dir, mark_dir, output_lock
 from ..settings import SettingsError, describe, to_dict
 from .config import ExperimentConfig, load_config, resolve_config
 
@@ -116,6 +116,20 @@ def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     return out
 
 
+def check_questions_fit(cfg: ExperimentConfig, rows: list[dict[str, Any]], tokenizer: Any) -> None:
+    """Refuse training questions whose prompts do not fit the model's context (:mod:`agentic_rag.data.context`),
+    before the model loads."""
+    from ..data.context import check_prompt_lengths, context_length
+    from ..data.prompts import build_prompt
+
+    p = cfg.prompt
+    check_prompt_lengths(((str(r["id"]), r["prompt"]) for r in rows),
+                         lambda q: build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language,
+                                                chat=p.chat_template, system=p.system_prompt or None),
+                         context_length(cfg.model.name_or_path), source=f"data.train_file {cfg.data.train_file}",
+                         budget=cfg.rollout.max_completion_tokens)
+
+
 def needs_answers(cfg: ExperimentConfig) -> bool:
     """Whether the run's rewards compare answers with gold ones (a question without a gold answer would be scored
     0 in every rollout, teaching nothing): the curriculum's F1 stage, or any accuracy reward of the registry."""
@@ -133,9 +147,9 @@ def policy_model(cfg: ExperimentConfig):
     model = load_base_model(cfg.model)
     if not cfg.model.adapter:
         return model, lora_config(cfg.model)
-    from peft import PeftModel
+    from ..models import load_adapter
 
-    return PeftModel.from_pretrained(model, cfg.model.adapter, is_trainable=True), None
+    return load_adapter(model, cfg.model.adapter, is_trainable=True), None
 
 
 def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64, rows: list[dict[str, Any]] | None = None,
@@ -255,6 +269,12 @@ def check_output_dir(cfg: ExperimentConfig, *, resume: bool, move_aside: bool = 
         if checkpoint is None:
             raise UserError(f"--resume: {flag} {out} holds no complete checkpoint to resume from; run without "
                             f"--resume to start a new run there")
+        finished = finished_step(out, cfg)
+        if finished is not None:
+            raise UserError(f"--resume: {flag} {out} holds a finished run (step {finished} of "
+                            f"{cfg.algorithm.max_steps}; its adapter is {out / 'final'}): there is nothing to resume. "
+                            f"To train it further, raise algorithm.max_steps (--set algorithm.max_steps=N) and "
+                            f"--resume again; to train anew, name another output_dir")
         return checkpoint
     earlier = [p.name for p in (Path(c) for c in [latest_complete_checkpoint(out, quarantine=False)] if c)]
     earlier += [name for name in ("final",) if (out / name / "adapter_config.json").is_file()]
@@ -272,6 +292,27 @@ def check_output_dir(cfg: ExperimentConfig, *, resume: bool, move_aside: bool = 
     return None
 
 
+def finished_step(out: Path, cfg: ExperimentConfig) -> int | None:
+    """The step at which the run in ``out`` finished, when it has finished what ``cfg`` asks (its final adapter and
+    summary written at ``algorithm.max_steps`` or beyond); None when there is more to train."""
+    summary = out / "train_summary.json"
+    if not (out / "final" / "adapter_config.json").is_file() or not summary.is_file():
+        return None
+    try:
+        step = int(json.loads(summary.read_text(encoding="utf-8")).get("global_step", -1))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return step if step >= cfg.algorithm.max_steps else None
+
+
+def first_process(state) -> bool:
+    """Whether this is the launch's first process, the one that writes and locks. ``PartialState`` cannot say yet on
+    a CPU DeepSpeed launch (accelerate leaves its process group to the trainer's setup and reports process 0 on every
+    process until then), so the launcher's ``RANK``, set for every process of a launch, decides where there is one."""
+    rank = os.environ.get("RANK", "")
+    return int(rank) == 0 if rank.isdigit() else state.is_main_process
+
+
 def zero_stage(trainer) -> int | None:
     """The ZeRO stage DeepSpeed actually runs (accelerate's plugin, from the DeepSpeed config), None without it."""
     plugin = trainer.accelerator.state.deepspeed_plugin
@@ -279,11 +320,24 @@ def zero_stage(trainer) -> int | None:
 
 
 def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool = False) -> dict[str, Any]:
-    import torch
+    """Train ``cfg`` (see the module docstring), the main process holding the output folder's lock throughout: one
+    run per output folder, a second refused in one line naming the first's process."""
     from accelerate import PartialState
+
+    state = PartialState()
+    resume = cfg.checkpoint.resume if resume is None else resume
+    lock = output_lock(cfg.checkpoint.output_dir, "agentic-rag train", flag="checkpoint.output_dir") \
+        if first_process(state) else nullcontext()
+    with lock:
+        return _train(cfg, state, resume=resume, move_aside=move_aside)
+
+
+def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> dict[str, Any]:
+    import torch
     from datasets import Dataset
     from transformers import set_seed
 
+    from ..errors import SearchFailuresError
     from ..models import load_tokenizer
     from ..search import open_searcher
     from ..search.probe import probe
@@ -293,13 +347,13 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     from .rewards import build_rewards
     from .trainer import AgenticGRPOTrainer, save_trained_settings
 
-    state = PartialState()
     set_seed(cfg.seed)
-    resume = cfg.checkpoint.resume if resume is None else resume
-    checkpoint = check_output_dir(cfg, resume=resume, move_aside=move_aside, main_process=state.is_main_process)
+    first = first_process(state)
+    checkpoint = check_output_dir(cfg, resume=resume, move_aside=move_aside, main_process=first)
     state.wait_for_everyone()
     rows = training_rows(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
+    check_questions_fit(cfg, rows, tokenizer)
     estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer)
     if warning:
         log.warning(warning)
@@ -321,10 +375,10 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     model, peft_config = policy_model(cfg)
 
     out = Path(cfg.checkpoint.output_dir)
-    if state.is_main_process:
+    if first:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    log_dir = init_swanlab(cfg.logging, str(out), to_dict(cfg), is_main=state.is_main_process)
+    log_dir = init_swanlab(cfg.logging, str(out), to_dict(cfg), is_main=first)
     trainer_ref: list = []
     guard = CollapseGuard(cfg.guards, out)
     callbacks = [SampleTrajectories(trainer_ref, cfg.logging.sample_table_every, cfg.logging.sample_table_rows)] \
@@ -350,28 +404,38 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     trainer_ref.append(trainer)
     quiet_adapter_saves(trainer.model)
 
+    def summary(**extra: Any) -> dict[str, Any]:
+        return {"global_step": trainer.state.global_step, "world_size": state.num_processes,
+                "deepspeed_zero_stage": zero_stage(trainer),
+                "memory_estimate": None if estimated is None else {
+                    "gpus": estimated.gpus, "zero": estimated.zero, "max_prompt": estimated.max_prompt,
+                    "max_completion": estimated.max_completion, "fits": warning is None},
+                "resumed_from": checkpoint, "guard_alerts": guard.alerts, "stopped_by_guard_at": guard.stopped_at,
+                "search_failures": trainer.search_failures.summary(), **extra,
+                "swanlab_log_dir": log_dir, "peak_rss_mb": peak_rss_mb(), "log_history": trainer.state.log_history}
+
     if checkpoint:
         log.info("resuming from %s", checkpoint)
     # under CPU bf16 autocast the entry points' 1 MiB mmap threshold slows every step (agentic_rag.malloc)
     from ..malloc import heap_for_blocks_below
 
-    with heap_for_blocks_below() if use_cpu and args.bf16 else nullcontext():
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+    try:
+        with heap_for_blocks_below() if use_cpu and args.bf16 else nullcontext():
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+    except SearchFailuresError:
+        if first:  # the record of why it stopped; its last complete checkpoint stays
+            (out / "train_summary.json").write_text(json.dumps(summary(
+                stopped_by_search_failures_at=trainer.state.global_step, adapter=None), indent=1, default=str))
+        raise
     final = out / "final"
     trainer.save_model(str(final))
-    if state.is_main_process:
+    failures = trainer.search_failures.summary()
+    if first:
         tokenizer.save_pretrained(str(final))
         save_trained_settings(trainer.agent, tokenizer, final)
-        summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
-                   "world_size": state.num_processes, "deepspeed_zero_stage": zero_stage(trainer),
-                   "memory_estimate": None if estimated is None else {
-                       "gpus": estimated.gpus, "zero": estimated.zero, "max_prompt": estimated.max_prompt,
-                       "max_completion": estimated.max_completion, "fits": warning is None},
-                   "resumed_from": checkpoint, "guard_alerts": guard.alerts, "stopped_by_guard_at": guard.stopped_at,
-                   "adapter": str(final), "swanlab_log_dir": log_dir,
-                   "peak_rss_mb": peak_rss_mb(), "train_runtime_s": result.metrics.get("train_runtime"),
-                   "log_history": trainer.state.log_history}
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (out / "train_summary.json").write_text(json.dumps(summary(
+            train_loss=result.training_loss, adapter=str(final),
+            train_runtime_s=result.metrics.get("train_runtime")), indent=1, default=str))
         print(watch_hint(log_dir), file=sys.stderr)
     if log_dir:
         import swanlab
@@ -382,6 +446,12 @@ def run(cfg: ExperimentConfig, *, resume: bool | None = None, move_aside: bool =
     # reports a completed run as failed. Destroy it once every process is done (a no-op without one).
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
+    if failures["over_threshold"]:  # the evaluation's rule at the end, whatever the batch size
+        raise SearchFailuresError(
+            f"{failures['failed']} of the run's {failures['searches']} searches failed ({failures['rate']:.1%}; "
+            f"search.max_failure_rate is {failures['max_rate']:.1%}): the adapter in {final} was trained on a "
+            f"broken search target (see search_failures in {out / 'train_summary.json'}). Check search.index and "
+            f"train again", summary=failures)
     return {"global_step": trainer.state.global_step, "adapter": str(final), "swanlab_log_dir": log_dir}
 
 
@@ -420,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         def check() -> int:
+            from ..models import load_tokenizer
+
             rows = training_rows(cfg)
+            check_questions_fit(cfg, rows, load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path))
             check_search_target(cfg)
             check_output_dir(cfg, resume=bool(args.resume or cfg.checkpoint.resume), move_aside=False,
                              main_process=False)

@@ -76,6 +76,7 @@ from .launch_checks import refuse_tree_masks_it_cannot_serve, refuse_unsupported
 from .micro_batches import group_by_length, used_columns
 from .model import compact_lm_head_scoring
 from .reinforce_pp import reinforce_pp_advantages
+from .search_failures import SearchFailures
 from .tree import TreeLayout, real_positions, tree_inputs
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class AgentSettings:
     shuffle_rewards: bool = False  # the shuffled-reward control (see _calculate_rewards)
     dynamic_sampling: bool = False  # drop zero-variance groups and refill (see _generate_and_score_completions)
     max_extra_rollouts: int = 0  # the refills' cap, rollouts per process per generation batch
-    max_search_failure_rate: float = 0.05  # the run stops when more of its searches fail (see _count_search_failures)
+    max_search_failure_rate: float = 0.05  # the run stops when more of its searches fail (.search_failures)
     search_timeout_s: float = 30.0  # one batch tool call
     answer_branching: bool = False  # a group is one greedy trunk's answers (see _branched_rollouts)
 
@@ -155,7 +156,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                    max_extra_rollouts=per_generation if max_extra_rollouts is None
                                    else max_extra_rollouts, max_search_failure_rate=max_search_failure_rate,
                                    search_timeout_s=search_timeout_s, answer_branching=answer_branching)
-        self._search_totals = [0, 0]  # failed searches, searches, over the run (all processes)
+        self.search_failures = SearchFailures(max_search_failure_rate)  # over the run, all processes
         self._shuffle_step, self._shuffle_calls = -1, 0  # the shuffled-reward control's position (step, call)
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
@@ -316,30 +317,16 @@ class AgenticGRPOTrainer(GRPOTrainer):
             self._metrics[mode][f"agentic/{name}"].append(value)
         failed, searches = int(rows[:, 7].sum().item()), int(rows[:, 8].sum().item())
         self._metrics[mode]["agentic/search_failure_rate"].append(failed / searches if searches else 0.0)
-        self._count_search_failures(failed, searches)
+        self.search_failures.add(failed, searches, self.state.global_step)  # stops a run on a broken search target
         reasons = Counter(t.finish_reason for t in trajs)
         for reason, n in reasons.items():
             self._metrics[mode][f"agentic/finish/{reason}"].append(n / len(trajs))
 
-    def _count_search_failures(self, failed: int, searches: int) -> None:
-        """Stop the run (:class:`~agentic_rag.errors.SearchFailuresError`, on every process alike: the counts are
-        gathered) when its searches fail: every search of a batch of at least 10, or more than
-        ``max_search_failure_rate`` of the run's searches once it has made 50. Rewards earned with error
-        observations instead of passages would train the model on a broken search target. The last complete
-        checkpoint stays; fix the searcher and go on with ``--resume``."""
-        from ..errors import SearchFailuresError
-
-        self._search_totals[0] += failed
-        self._search_totals[1] += searches
-        total_failed, total = self._search_totals
-        limit = self.agent.max_search_failure_rate
-        whole_batch = searches >= 10 and failed == searches
-        if whole_batch or (total >= 50 and total_failed / total > limit):
-            raise SearchFailuresError(
-                f"training stopped at step {self.state.global_step}: {failed} of {searches} searches of the last "
-                f"rollout batch failed, {total_failed} of {total} over the run ({total_failed / total:.1%}; "
-                f"search.max_failure_rate is {limit:.1%}). Check the search target (search.index), then continue with "
-                f"--resume")
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """Train as TRL does; a resumed run takes up the search counts its checkpoint recorded."""
+        if isinstance(resume_from_checkpoint, str | os.PathLike):
+            self.search_failures.load(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ---------------------------------------------------------------------------------- advantages
 
@@ -603,6 +590,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
             run_dir = Path(self._get_output_dir(trial=trial))
             checkpoint = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             save_trained_settings(self.agent, self.processing_class, checkpoint)
+            self.search_failures.save(checkpoint)
             write_marker(checkpoint)
             rotate_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
