@@ -61,11 +61,14 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import hostile  # noqa: E402  (round 4's cases and kinds, beside this file)
+
 ROOT = HERE.parents[1]
 PYTHON = ROOT / ".venv" / "bin" / "python"
 SHARED = Path(os.environ.get("AGENTIC_RAG_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "agentic-rag-reliability-fixtures"
-FIXTURE_VERSION = 4  # 4: the settings-schema-2 YAML files beside the old ones
+FIXTURE_VERSION = 5  # 4: the settings-schema-2 YAML files beside the old ones; 5: an adapter, a finished run
 DEFAULT_TIMEOUT = 90.0
 NOTES = "my notes: do not lose these\n"
 
@@ -83,11 +86,11 @@ class Case:
     cls: str  # control, missing, wrong-kind, out-over-in, out-over-user, corrupt, bad-value
     what: str  # one line: the slip
     args: str  # the command after the program, shell-quoted; {fx}, {port}, {dead} are filled in
-    expect: str = "fail"  # fail | ok | either | serve
+    expect: str = "fail"  # fail | ok | either | serve | one (a race: one run finishes, the other is refused)
     prog: str = "cli"  # cli: agentic-rag; quickstart; chat: service/chat_server.py
     setup: Setup | None = None
     keep: tuple[str, ...] = ()  # the user's files (or folders) under the working directory that must survive
-    kind: str = "run"  # run | server (polls {port}; serving = accepted) | http
+    kind: str = "run"  # run | server (polls {port}; serving = accepted) | http | round 4's (hostile.py)
     timeout: float = DEFAULT_TIMEOUT
     busy_port: bool = False  # the harness listens on {port} while the case runs
     names: str = ""  # regex: a refusal must say this (the file at fault, the option), else "unclear"
@@ -519,6 +522,7 @@ def build_cases() -> list[Case]:
              f"--model {{fx}}/model --index {{fx}}/index {CHAT} --max-batch 0", prog="chat", kind="server"))
     add(Case("chat/dead-search-server", s, "bad-value", "--search-url of a server that is not running",
              f"--model {{fx}}/model {{search_url}} http://127.0.0.1:{{dead}} {CHAT}", prog="chat", kind="server"))
+    c += hostile.cases(Case, put, copy, seq, NOTES, EVAL, TRAIN, TRAIN_CHECK, SFT, CHAT)
     return c
 
 
@@ -702,6 +706,9 @@ def build_fixtures(cache: Path, fixture_src: Path, python: Path, rebuild: bool) 
     v2 = settings_schema(fixture_src) == 2
     run(*cli, "eval", "--config", "eval-v2.yaml" if v2 else "eval.yaml", "--output-dir", str(fx / "eval_run"),
         "--no-progress")
+    run("-c", hostile.ADAPTER_SNIPPET, str(fx / "model"), str(fx / "adapter"))
+    run(*cli, "train", "--config", "train-v2.yaml" if v2 else "train.yaml", "--set",
+        f"checkpoint.output_dir={fx / 'train_run'}")
     stamp.write_text(json.dumps({"version": FIXTURE_VERSION, "src": str(fixture_src),
                                  "built": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
     return fx
@@ -731,6 +738,8 @@ def program(case: Case, src: Path, python: Path) -> list[str]:
         return [str(python), "-m", "agentic_rag.demo.quickstart"]
     if case.prog == "chat":
         return [str(python), str(src.parent / "service" / "chat_server.py")]
+    if case.prog == "eval.sh":
+        return ["bash", str(src.parent / "script" / "evaluation" / "eval.sh")]
     raise ValueError(case.prog)
 
 
@@ -748,7 +757,7 @@ NOISE = [re.compile(p) for p in (
     r"^INFO:? ",  # uvicorn
     r"\d+%\|", r"\|\s*\d+/\d+ \[",  # progress bars
     r"^\s*warnings\.warn\(", r"^\S.*\.py:\d+: \w*Warning: ",  # Python warnings
-    r"swigfaiss_avx2",  # the continuation of faiss's INFO line about its AVX2 build
+    r"swigfaiss_avx(2|512)",  # the continuations of faiss's INFO lines about its AVX builds
 )]
 # a frame of a Java stack as the JVM (``at ...``) or pyjnius (a bare frame per line) prints it
 JAVA_FRAME = re.compile(r"^\s*(at\s+)?[\w$/]+(\.[\w$<>/]+)+\((\w+\.java:\d+|Unknown Source|Native Method)\)\s*$")
@@ -864,6 +873,9 @@ def run_http(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, lo
 
 
 def verdict_of(case: Case, res: dict[str, Any], lost: list[str]) -> tuple[str, list[str]]:
+    own = hostile.verdict(case, res, lost)
+    if own is not None:
+        return own
     problems = []
     rc, served, timed_out = res["rc"], res["served"], res["timed_out"]
     if lost:
@@ -905,8 +917,17 @@ def run_case(case: Case, src: Path, python: Path, fx: Path) -> dict[str, Any]:
     work, logs = base / "work", base / "logs"
     work.mkdir()
     logs.mkdir()
-    busy = None
+    busy = disk = None
     try:
+        if case.kind in ("disk-ro", "disk-full"):
+            disk = work / "disk"
+            why = hostile.mount_disk(disk, read_only=case.kind == "disk-ro")
+            if why is not None:
+                disk = None
+                return {"id": case.id, "subcommand": case.sub, "class": case.cls, "what": case.what,
+                        "expect": case.expect, "command": case.args, "rc": None, "verdict": "skipped",
+                        "problems": [why], "skipped": why, "last_line": "", "stdout_last": "", "lost": [],
+                        "files_intact": None, "seconds": 0.0}
         if case.setup is not None:
             case.setup(work, fx)
         before = {f"{k}/{p}" if p != "." else k: d for k in case.keep for p, d in tree_digest(work / k).items()}
@@ -927,10 +948,21 @@ def run_case(case: Case, src: Path, python: Path, fx: Path) -> dict[str, Any]:
             busy.bind(("127.0.0.1", port))
             busy.listen(8)
         started = time.perf_counter()
+        env = case_env(src)
+        if case.prog == "eval.sh":  # the wrapper finds the interpreter under test through PYTHON
+            env.update(PYTHON=str(python), AGENTIC_RAG_NO_VENV="1", ENV_FILE="/dev/null")
         if case.kind == "http":
-            res = run_http(argv, work, case_env(src), case.timeout, logs, port)
+            res = run_http(argv, work, env, case.timeout, logs, port)
+        elif case.kind == "race":
+            res = hostile.run_race(argv, work, env, case.timeout, logs)
+        elif case.kind == "tokens":
+            res = hostile.run_tokens(case.args, python, work, env, case.timeout, fx, logs)
+        elif case.kind == "big-body":
+            res = hostile.run_big_body(argv, work, env, case.timeout, logs, port)
+        elif case.kind == "slow-head":
+            res = hostile.run_slow_head(argv, work, env, case.timeout, logs, port)
         else:
-            res = run_process(argv, work, case_env(src), case.timeout, logs,
+            res = run_process(argv, work, env, case.timeout, logs,
                               port if case.kind == "server" and not case.busy_port else None)
         seconds = time.perf_counter() - started
         after = {f"{k}/{p}" if p != "." else k: d for k in case.keep if (work / k).exists()
@@ -956,16 +988,24 @@ def run_case(case: Case, src: Path, python: Path, fx: Path) -> dict[str, Any]:
     finally:
         if busy is not None:
             busy.close()
+        if disk is not None:
+            hostile.unmount_disk(disk)
         shutil.rmtree(base, ignore_errors=True)
 
 
 def selected(cases: list[Case], pattern: str | None) -> list[Case]:
-    """The cases whose id contains one of the comma-separated patterns (or matches it, with * ? [)."""
+    """The cases whose id contains one of the comma-separated patterns (or matches it, with * ? [); ``round4``: the
+    classes of issue 56 (:mod:`hostile`)."""
     if not pattern:
         return cases
     pats = [p.strip() for p in pattern.split(",") if p.strip()]
-    return [c for c in cases if any(fnmatch.fnmatch(c.id, p) if any(ch in p for ch in "*?[") else p in c.id
-                                    for p in pats)]
+
+    def match(c: Case, p: str) -> bool:
+        if p == "round4":
+            return c.cls in hostile.CLASSES
+        return fnmatch.fnmatch(c.id, p) if any(ch in p for ch in "*?[") else p in c.id
+
+    return [c for c in cases if any(match(c, p) for p in pats)]
 
 
 def check_src(src: Path, python: Path) -> None:
@@ -1034,7 +1074,16 @@ def cell(rec: dict[str, Any] | None) -> str:
     if rec is None:
         return "-"
     rc = "served" if rec.get("served") and rec.get("rc") is None else f"rc {rec.get('rc')}"
-    if rec.get("http_status") is not None:
+    if rec.get("rcs") is not None:  # a race: both runs' exit codes
+        rc = f"rc {rec['rcs'][0]} and {rec['rcs'][1]}"
+    if rec.get("tokens"):
+        line = json.dumps(rec["tokens"])
+    elif "rss_growth_mb" in rec:
+        line = f"HTTP {rec.get('http_status')}, peak RSS +{rec['rss_growth_mb']} MB"
+    elif "dropped_after_s" in rec:
+        dropped = rec["dropped_after_s"]
+        line = f"dropped after {dropped} s" if dropped is not None else "still open after 40 s"
+    elif rec.get("http_status") is not None:
         rc = f"HTTP {rec['http_status']}"
         line = rec.get("http_body") or ""
     else:
@@ -1055,18 +1104,20 @@ def iter_rows(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> Iter
             yield r, r
 
 
-def table(before_path: str, after_path: str | None) -> str:
-    before = load_records(before_path)
-    after = load_records(after_path) if after_path else []
+def table(before_path: str, after_path: str | None, ids: set[str] | None = None) -> str:
+    """The before/after table, of the cases ``ids`` only when given (``--only``)."""
+    before = [r for r in load_records(before_path) if ids is None or r["id"] in ids]
+    after = [r for r in load_records(after_path) if ids is None or r["id"] in ids] if after_path else []
     out = []
     for name, recs in (("before", before), ("after", after)):
         if recs:
             counts = Counter(r["verdict"] for r in recs)
             out.append(f"- {name}: {len(recs)} cases: " + ", ".join(f"{v} {n}" for v, n in counts.most_common()))
     out += ["", "| subcommand | class | case | before | after |", "| --- | --- | --- | --- | --- |"]
+    whats = {c.id: c.what for c in build_cases()}  # the case as it reads now (a record keeps the words of its day)
     for b, a in iter_rows(before, after):
         only_after = a is b and after_path
-        case = f"`{b['id'].split('/', 1)[-1]}`: {b['what']}".replace("|", "\\|")
+        case = f"`{b['id'].split('/', 1)[-1]}`: {whats.get(b['id'], b['what'])}".replace("|", "\\|")
         out.append(f"| {b['subcommand']} | {b['class']} | {case} | {'-' if only_after else cell(b)} | "
                    f"{cell(a) if after_path else ''} |")
     return "\n".join(out) + "\n"
@@ -1091,7 +1142,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         if len(args.table) > 2:
             ap.error("--table takes BEFORE.json and optionally AFTER.json")
-        sys.stdout.write(table(args.table[0], args.table[1] if len(args.table) > 1 else None))
+        sys.stdout.write(table(args.table[0], args.table[1] if len(args.table) > 1 else None,
+                               {c.id for c in selected(build_cases(), args.only)} if args.only else None))
         return 0
     if args.list:
         cases = selected(build_cases(), args.only)
