@@ -336,3 +336,15 @@ def test_a_served_policy_gets_the_context_as_ids_when_its_text_would_read_as_con
         prompts = sorted((b["prompt"] for b in srv.bodies("/v1/completions")), key=lambda p: isinstance(p, list))
     assert prompts[0] == tok.decode(ordinary, skip_special_tokens=False)
     assert prompts[1] == hostile and not controls(tok, hostile[len(ordinary):])
+
+
+def test_the_unknown_token_a_model_wrote_is_text_not_a_control_token(tmp_path):
+    """A word-level vocabulary (the quick start's --tiny model) maps every unseen piece to [UNK], an added token: a
+    summary echoing the "[UNK]" its model wrote must encode (to [UNK]s), not be refused as forging a control token
+    (it stopped the tiny quick start the first time its model summarised)."""
+    from agentic_rag.demo.tiny import build_word_tokenizer
+
+    tok = build_word_tokenizer(["Where was Dovan Kell born ? Arrow"], tmp_path)
+    ids = encode_text(tok, "\nSummary of the earlier steps: [UNK] Dovan <|endoftext|>")
+    assert tok.unk_token_id not in control_token_ids(tok) and tok.eos_token_id in control_token_ids(tok)
+    assert tok.eos_token_id not in ids and tok.convert_tokens_to_ids("Dovan") in ids

@@ -4,7 +4,7 @@ A user's message, a retrieved passage or a tool's result may hold the text of a 
 ``<tool_call>``); tokenized the ordinary way, that text *becomes* the token, and one message can forge a system turn,
 an assistant turn and an observation. Here every *added* token of the tokenizer (``tokenizer.added_tokens_decoder``,
 special or not: Qwen's ``<tool_call>`` and ``<think>`` are non-special added tokens and control tokens all the same)
-counts as a control token, and untrusted text is encoded with none of them recognised:
+but the unknown token counts as a control token, and untrusted text is encoded with none of them recognised:
 
 * :func:`encode_text`: ``text`` as text. When no added token's string occurs in it (every ordinary question, passage
   and tool result) that is exactly ``tokenizer(text, add_special_tokens=False)``, so ordinary prompts and
@@ -61,7 +61,10 @@ def _added(tokenizer: Any) -> _Added:
         cached = None
     if cached is not None and cached.count == len(decoder):
         return cached
-    ids = {str(getattr(tok, "content", tok)): int(i) for i, tok in decoder.items()}
+    # the unknown token is what the tokenizer makes of text it has no piece for (a word-level vocabulary's every
+    # unseen word, the "[UNK]" a model wrote and a decoder spelled out): text, not a control token
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = {str(getattr(tok, "content", tok)): int(i) for i, tok in decoder.items() if int(i) != unk}
     strings = sorted((s for s in ids if s), key=len, reverse=True)
     pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
     added = _Added(len(decoder), pattern, ids)
