@@ -63,6 +63,32 @@ def dev_questions() -> Path:
     return shared("tts-project/2wikimultihopqa_dev500.json")
 
 
+# A small corpus (the first 60 2Wiki passages), its BM25 index and the Qwen tokenizer as a folder: the inputs of the
+# real-process tests of the command line (test_user_slips.py, test_reliability.py).
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    rows = json.loads(shared("hipporag/2wikimultihopqa_corpus.json").read_text())[:60]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, corpus_file) -> Path:
+    from agentic_rag.search.build import build_index
+
+    out = tmp_path_factory.mktemp("index") / "idx"
+    build_index(corpus_file, out, bm25=True, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok_dir(qwen_tokenizer, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tokenizer")
+    qwen_tokenizer.save_pretrained(str(d))
+    return d
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -36,30 +36,6 @@ from test_user_slips import (
 )
 
 
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory) -> Path:
-    rows = json.loads(shared("hipporag/2wikimultihopqa_corpus.json").read_text())[:60]
-    path = tmp_path_factory.mktemp("corpus") / "corpus.json"
-    path.write_text(json.dumps(rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory, corpus_file) -> Path:
-    from agentic_rag.search.build import build_index
-
-    out = tmp_path_factory.mktemp("index") / "idx"
-    build_index(corpus_file, out, bm25=True, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tok_dir(qwen_tokenizer, tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tokenizer")
-    qwen_tokenizer.save_pretrained(str(d))
-    return d
-
-
 def sft_data(tmp_path: Path) -> Path:
     data = tmp_path / "traj.jsonl"
     data.write_text(json.dumps({"question": "Where was Dovan Kell born?",

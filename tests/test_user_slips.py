@@ -49,30 +49,6 @@ def one_clear_line(out: subprocess.CompletedProcess, *expected: str, rc: int = 2
         assert text in err, (text, err)
 
 
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory) -> Path:
-    rows = json.loads(shared("hipporag/2wikimultihopqa_corpus.json").read_text())[:60]
-    path = tmp_path_factory.mktemp("corpus") / "corpus.json"
-    path.write_text(json.dumps(rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory, corpus_file) -> Path:
-    from agentic_rag.search.build import build_index
-
-    out = tmp_path_factory.mktemp("index") / "idx"
-    build_index(corpus_file, out, bm25=True, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tok_dir(qwen_tokenizer, tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("tokenizer")
-    qwen_tokenizer.save_pretrained(str(d))
-    return d
-
-
 def user_folder(path: Path, *extra: tuple[str, str]) -> Path:
     path.mkdir(parents=True)
     (path / "notes.txt").write_text("precious, and not agentic-rag's\n")
