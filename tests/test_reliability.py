@@ -169,6 +169,31 @@ def test_every_writer_refuses_a_folder_another_run_is_writing(case, tmp_path, ti
     assert not target.exists() and not (tmp_path / "out.partial").exists()
 
 
+def test_an_output_in_a_folder_the_user_cannot_write_beside_is_locked_in_the_temp_folder(tmp_path, monkeypatch):
+    """An output folder made for the user inside someone else's folder: the lock cannot go beside it (permission
+    denied there), so it goes to the temporary folder, named by the output's real path, and the run goes on."""
+    import hashlib
+    import tempfile
+
+    from agentic_rag.outputs import output_lock
+
+    (tmp_path / "mine").mkdir()
+    real_open = os.open
+
+    def no_writing_beside(path, flags, mode=0o777):
+        if Path(path).parent == tmp_path and str(path).endswith(".agentic-rag.lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", no_writing_beside)
+    digest_ = hashlib.sha256(os.path.realpath(tmp_path / "mine").encode()).hexdigest()[:24]
+    fallback = Path(tempfile.gettempdir()) / f"agentic-rag-{digest_}.lock"
+    with output_lock(tmp_path / "mine", "agentic-rag eval"):
+        assert json.loads(fallback.read_text())["command"] == "agentic-rag eval"
+        assert not list(tmp_path.glob(".*.lock"))
+    assert not fallback.exists()
+
+
 # ------------------------------------------------------------------------- a failed search is never trained on
 
 

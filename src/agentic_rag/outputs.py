@@ -23,8 +23,9 @@ The rules every writing subcommand keeps (as git, rsync and pip do: refuse, expl
   (:func:`temp_beside`), so no existing file is ever truncated or removed;
 * **one run per output** (:func:`output_lock`): a command holds an exclusive lock on its output while it writes it;
   a second command aimed at the same output is refused in one line naming the first one's process. The lock is
-  ``flock`` on a small file beside the output (``.NAME.agentic-rag.lock``), released by the kernel when its process
-  dies however it dies (``kill -9`` included), so a crash never leaves a lock that blocks the next run.
+  ``flock`` on a small file beside the output (``.NAME.agentic-rag.lock``; in the temporary folder where the folder
+  beside is not the user's to write), released by the kernel when its process dies however it dies (``kill -9``
+  included), so a crash never leaves a lock that blocks the next run.
 """
 
 from __future__ import annotations
@@ -211,8 +212,8 @@ def temp_beside(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-# locks this process holds: lock file -> [file descriptor, depth] (a command that calls another in-process, as the
-# quick start calls the index build, takes the lock it already holds again)
+# locks this process holds: the output's real path -> [file descriptor, depth] (a command that calls another
+# in-process, as the quick start calls the index build, takes the lock it already holds again)
 _HELD: dict[str, list[int]] = {}
 
 
@@ -220,6 +221,22 @@ def lock_path(path: str | os.PathLike) -> Path:
     """The lock file of the output ``path``: beside it, so it outlives the output being renamed or replaced."""
     p = Path(os.path.abspath(os.path.expanduser(str(path))))
     return p.parent / f".{p.name}.agentic-rag.lock"
+
+
+def _open_lock(path: str | os.PathLike) -> tuple[Path, int]:
+    """Open (creating) the lock file of ``path``: beside it, or, where its folder is not the user's to write (an
+    output folder made for them inside someone else's), in the machine's temporary folder under a name made of the
+    output's real path."""
+    lock = lock_path(path)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        return lock, os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:
+        import hashlib
+
+        real = os.path.realpath(os.path.expanduser(str(path)))
+        lock = Path(tempfile.gettempdir()) / f"agentic-rag-{hashlib.sha256(real.encode()).hexdigest()[:24]}.lock"
+        return lock, os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
 
 
 def _holder(fd: int) -> str:
@@ -237,8 +254,7 @@ def output_lock(path: str | os.PathLike, command: str, *, flag: str = "--out") -
     :class:`OutputError` naming the process that holds it (its pid, ``command`` as it recorded it, e.g.
     ``agentic-rag train``, and when it started; never its command line, which may hold a secret). Re-entrant within
     a process. The lock file stays out of the output itself and is removed when the lock is released."""
-    lock = lock_path(path)
-    key = str(lock)
+    key = os.path.realpath(os.path.expanduser(str(path)))
     if key in _HELD:
         _HELD[key][1] += 1
         try:
@@ -246,9 +262,8 @@ def output_lock(path: str | os.PathLike, command: str, *, flag: str = "--out") -
         finally:
             _HELD[key][1] -= 1
         return
-    lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        lock, fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
