@@ -11,7 +11,7 @@ ENV_READ = re.compile(r"""(?:environ(?:\.get)?\(|environ\[|getenv\()\s*["']([A-Z
 SHELL_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]+):?-[^}]*\}")  # ${VAR:-default}: a variable read from outside
 # Set by the platform or by launchers, not by users: standard names, documented by their owners.
 SKIP = {"OPENAI_API_KEY", "VIRTUAL_ENV", "CONDA_PREFIX", "DEBIAN_FRONTEND", "PATH", "HOME",
-        "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "WORLD_SIZE",
+        "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "WORLD_SIZE", "RANK",
         "ACCELERATE_DEEPSPEED_ZERO_STAGE", "XDG_CACHE_HOME"}
 
 
