@@ -45,7 +45,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -791,21 +790,6 @@ def shorten(text: str, fx: Path | str | None = None, src: Path | str | None = No
     return text
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_process(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, logs: Path,
                 serve_port: int | None) -> dict[str, Any]:
     """Run ``argv``; with ``serve_port``, stop it as soon as something listens there (it served)."""
@@ -826,7 +810,7 @@ def run_process(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
                 err_at_serve = err_path.stat().st_size
                 break
             time.sleep(0.3)
-        _kill(proc)
+        hostile.stop(proc)
     stderr = err_path.read_bytes()
     if err_at_serve is not None:
         stderr = stderr[:err_at_serve]  # what it said until it served, not its shutdown
@@ -865,7 +849,7 @@ def run_http(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, lo
                     status, body = exc.code, exc.read().decode(errors="replace")
                 break
         finally:
-            _kill(proc)
+            hostile.stop(proc)
     return {"rc": proc.returncode if status is None and not timed_out else None, "served": status is not None,
             "timed_out": timed_out, "http_status": status, "http_body": body[:300],
             "stderr": err_path.read_bytes().decode(errors="replace"),

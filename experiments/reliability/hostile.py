@@ -26,6 +26,7 @@ run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +165,8 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str], logs: Path, tag: str
                             start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a case's process group: SIGTERM, then SIGKILL (cases.py stops its processes with this too)."""
     if proc.poll() is not None:
         return
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
@@ -198,7 +201,7 @@ def run_race(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, lo
             proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-            _stop(proc)
+            stop(proc)
     rcs = [first.returncode, second.returncode]
     refused = next((i for i, rc in enumerate(rcs) if rc not in (0, None)), None)
     stderr = _read(logs, f"stderr{refused + 1}") if refused is not None else _read(logs, "stderr2")
@@ -286,7 +289,7 @@ def run_tokens(which: str, python: Path, cwd: Path, env: dict[str, str], timeout
         proc.wait(timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        stop(proc)
         timed_out = True
     out = _read(logs, "stdout")
     found = json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0 and out.strip() else {}
@@ -318,15 +321,24 @@ def _reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
+@contextlib.contextmanager
+def _serving(argv: list[str], cwd: Path, env: dict[str, str], logs: Path, port: int,
+             timeout: float) -> Iterator[tuple[subprocess.Popen, bool]]:
+    """Start a server; yield its process and whether it came to listen on ``port`` within ``timeout``; stop it."""
+    proc = _start(argv, cwd, env, logs, "")
+    try:
+        yield proc, _wait_port(port, proc, timeout)
+    finally:
+        stop(proc)
+
+
 def run_big_body(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, logs: Path,
                  port: int) -> dict[str, Any]:
     """Start the chat server, send a 100 MiB chunked body to /v1/chat/completions, stop it."""
-    proc = _start(argv, cwd, env, logs, "")
-    status, grew_mb, timed_out = None, None, False
-    try:
-        if not _wait_port(port, proc, timeout):
-            timed_out = proc.poll() is None
-        else:
+    status = grew_mb = None
+    with _serving(argv, cwd, env, logs, port, timeout) as (proc, up):
+        timed_out = not up and proc.poll() is None
+        if up:
             time.sleep(1.0)
             before = _status_kb(proc.pid, "VmRSS")
             _reset_peak(proc.pid)
@@ -347,9 +359,7 @@ def run_big_body(argv: list[str], cwd: Path, env: dict[str, str], timeout: float
                 except (OSError, ValueError, IndexError):
                     status = None
             grew_mb = round((_status_kb(proc.pid, "VmHWM") - before) / 1024, 1)
-    finally:
-        _stop(proc)
-    return {"rc": None, "served": True, "timed_out": timed_out, "http_status": status, "rss_growth_mb": grew_mb,
+    return {"rc": None, "served": up, "timed_out": timed_out, "http_status": status, "rss_growth_mb": grew_mb,
             "stderr": _read(logs, "stderr"), "stdout": _read(logs, "stdout")}
 
 
@@ -357,13 +367,10 @@ def run_slow_head(argv: list[str], cwd: Path, env: dict[str, str], timeout: floa
                   port: int) -> dict[str, Any]:
     """Start a server, send a request head one byte a second; how long until the server drops the connection (None:
     not within 40 s)."""
-    proc = _start(argv, cwd, env, logs, "")
-    dropped_after, timed_out, served = None, False, False
-    try:
-        if not _wait_port(port, proc, timeout):
-            timed_out = proc.poll() is None
-        else:
-            served = True
+    dropped_after = None
+    with _serving(argv, cwd, env, logs, port, timeout) as (proc, up):
+        timed_out = not up and proc.poll() is None
+        if up:
             head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: " + b"s" * 200 + b"\r\n\r\n"
             started = time.monotonic()
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -381,9 +388,7 @@ def run_slow_head(argv: list[str], cwd: Path, env: dict[str, str], timeout: floa
                     except OSError:
                         dropped_after = round(time.monotonic() - started, 1)
                         break
-    finally:
-        _stop(proc)
-    return {"rc": None, "served": served, "timed_out": timed_out, "dropped_after_s": dropped_after,
+    return {"rc": None, "served": up, "timed_out": timed_out, "dropped_after_s": dropped_after,
             "stderr": _read(logs, "stderr"), "stdout": _read(logs, "stdout")}
 
 

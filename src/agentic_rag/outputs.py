@@ -164,13 +164,18 @@ def claim_dir(path: str | os.PathLike, kind: str, *, flag: str = "--out", move_a
     if made == kind or made in also:
         return d
     holds = f"holds {KINDS.get(made, made)}" if made else f"holds files agentic-rag did not write ({_sample(d)})"
+    return _refuse_or_move_aside(d, f"{flag} {d} {holds}", f"this command would write {KINDS.get(kind, kind)} "
+                                 f"there. Name a new or empty folder, or", move_aside)
+
+
+def _refuse_or_move_aside(d: Path, what: str, why: str, move_aside: bool) -> Path:
+    """Refuse the folder ``d`` (``what`` it is; ``why`` it is in the way, ending where the remedy follows), or with
+    ``move_aside`` rename it to :func:`aside_path` (logged) so that ``d`` is free. Nothing is deleted."""
     aside = aside_path(d)
     if not move_aside:
-        raise OutputError(f"{flag} {d} {holds}; this command would write {KINDS.get(kind, kind)} there. Name a "
-                          f"new or empty folder, or pass --move-aside to move it to {aside.name} first (nothing is "
-                          f"deleted)")
+        raise OutputError(f"{what}; {why} pass --move-aside to move it to {aside.name} first (nothing is deleted)")
     os.replace(d, aside)
-    log.warning("%s %s %s: moved it to %s", flag, d, holds, aside)
+    log.warning("%s: moved it to %s", what, aside)
     return d
 
 
@@ -186,14 +191,8 @@ def claim_work_dir(path: str | os.PathLike, kinds: tuple[str, ...], *, what: str
         raise OutputError(f"{d} is a file; {what} uses that name for its work in progress: move it away")
     if not d.exists() or not any(d.iterdir()) or marked(d) in kinds:
         return d
-    aside = aside_path(d)
-    if not move_aside:
-        raise OutputError(f"{d} holds files agentic-rag did not write ({_sample(d)}); {what} uses that folder for its "
-                          f"work in progress and would empty it. Move it away, or pass --move-aside to move it to "
-                          f"{aside.name} first (nothing is deleted)")
-    os.replace(d, aside)
-    log.warning("%s holds files agentic-rag did not write: moved it to %s", d, aside)
-    return d
+    return _refuse_or_move_aside(d, f"{d} holds files agentic-rag did not write ({_sample(d)})", f"{what} uses that "
+                                 f"folder for its work in progress and would empty it. Move it away, or", move_aside)
 
 
 @contextlib.contextmanager
