@@ -137,6 +137,15 @@ def qwen_tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(str(d))
 
 
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    """The packaged SmolLM2-135M-Instruct's tokenizer (converted from its GGUF once, then cached). Module-scoped: the
+    native dialect installs its tool template on a tokenizer whose own knows no tools."""
+    from agentic_rag.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
 @pytest.fixture(scope="session")
 def qwen2_tokenizer():
     """The plain Qwen2 tokenizer as shipped (no <think> special tokens)."""

@@ -56,7 +56,7 @@ EVERY_RULE = [
     ({"search": {"index": ""}}, "search.index is empty"),
     ({"search": {"index": "/no/index"}}, "search.index: no index at /no/index (build one: agentic-rag index build"),
     ({"search": {"retriever": "splade"}}, "search.retriever must be one of bm25, dense, hybrid, random; got 'splade'"),
-    ({"rollout": {"dialect": "search_r1"}}, "rollout.dialect must be one of agentic, search-r1, r1-searcher; "
+    ({"rollout": {"dialect": "search_r1"}}, "rollout.dialect must be one of agentic, search-r1, r1-searcher, native; "
                                            "got 'search_r1' (did you mean 'search-r1'?)"),
     ({"rollout": {"max_tokens_per_turn": 2048}}, "rollout.max_tokens_per_turn (2048) exceeds rollout.max_completion_"),
     ({"sampling": {"temperature": 0}}, "sampling.temperature must be > 0 (GRPO samples its rollouts), got 0.0"),

@@ -297,7 +297,7 @@ def test_bad_config_reports_every_problem_at_once(tmp_path, tok_dir, capsys):
                      f"search.index: no index at {tmp_path / 'no-index'} (build one: agentic-rag index build",
                      "search.retriever must be one of bm25, dense, hybrid, random; got 'bm52' (did you mean 'bm25'?)",
                      "rollout.passages_per_search must be >= 1, got 0",
-                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik' "
+                     "rollout.dialect must be one of agentic, search-r1, r1-searcher, native; got 'agentik' "
                      "(did you mean 'agentic'?)",
                      "rollout.max_tokens_per_turn (4096) exceeds rollout.max_completion_tokens (1024)",
                      "metrics has unknown metric 'acc'; known metrics: em, f1, cover_em, judge, choice, well_formed",

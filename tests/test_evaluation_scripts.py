@@ -53,7 +53,7 @@ def test_eval_sh_lists_every_problem_of_a_bad_config(tmp_path):
                      "dataset.limit must be >= 1, got 0",
                      "policy.base_url must be the endpoint's http(s) URL",
                      "rollout.passages_per_search must be >= 1, got 0",
-                     "rollout.dialect must be one of agentic, search-r1, r1-searcher; got 'agentik' "
+                     "rollout.dialect must be one of agentic, search-r1, r1-searcher, native; got 'agentik' "
                      "(did you mean 'agentic'?)"):
         assert expected in r.stderr, expected
 

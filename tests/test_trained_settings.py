@@ -230,7 +230,7 @@ def test_grpo_records_its_settings_in_every_checkpoint_and_final(trained_adapter
     for directory in (trained_adapter, trained_adapter.parent / "checkpoint-1"):
         written = json.loads((directory / SETTINGS_FILE).read_text())
         assert written == {"format": 2, "written_by": "grpo", "rollout": dataclasses.asdict(TRAINED_ROLLOUT),
-                           "prompt": dataclasses.asdict(TRAINED_PROMPT)}, directory
+                           "prompt": dataclasses.asdict(TRAINED_PROMPT), "tools": ["search"]}, directory
         assert (directory / "adapter_config.json").is_file()
 
 
@@ -254,7 +254,7 @@ def test_evaluation_runs_the_adapter_as_trained_unless_told_otherwise(trained_ad
     with caplog.at_level(logging.INFO, logger="agentic_rag.evaluation"):
         cfg = config_from_dict(data, env={})
     assert cfg.rollout == TRAINED_ROLLOUT and cfg.prompt == TRAINED_PROMPT
-    assert f"trained settings from {settings_path}: 13 taken, 0 overridden" in caplog.messages
+    assert f"trained settings from {settings_path}: 14 taken, 0 overridden" in caplog.messages
 
     engines = []
 
@@ -281,7 +281,7 @@ def test_evaluation_runs_the_adapter_as_trained_unless_told_otherwise(trained_ad
     with caplog.at_level(logging.INFO, logger="agentic_rag.evaluation"):
         cfg = config_from_dict(data, env={}, overrides=["rollout.max_searches=3"])
     assert cfg.rollout == dataclasses.replace(TRAINED_ROLLOUT, max_searches=3) and cfg.prompt == TRAINED_PROMPT
-    assert f"trained settings from {settings_path}: 12 taken, 1 overridden" in caplog.messages
+    assert f"trained settings from {settings_path}: 13 taken, 1 overridden" in caplog.messages
     assert (f"rollout.max_searches = 3 (--set rollout.max_searches) overrides the 2 the model was trained with "
             f"({settings_path})") in caplog.messages
 
@@ -303,7 +303,7 @@ def test_the_chat_server_serves_the_adapter_as_trained_unless_told_otherwise(tra
     with caplog.at_level(logging.INFO, logger="agentic_rag.serving"):
         config = config_for(base)
     assert config.rollout == TRAINED_ROLLOUT and config.prompt == TRAINED_PROMPT
-    assert f"trained settings from {settings_path}: 13 taken, 0 overridden" in caplog.messages
+    assert f"trained settings from {settings_path}: 14 taken, 0 overridden" in caplog.messages
     agent = ChatAgent.load(config)
     assert isinstance(agent.policy.model, PeftModel)
     assert agent.settings == TRAINED_ROLLOUT and agent.prompt == TRAINED_PROMPT
@@ -318,7 +318,7 @@ def test_the_chat_server_serves_the_adapter_as_trained_unless_told_otherwise(tra
     assert config.rollout == dataclasses.replace(TRAINED_ROLLOUT, max_searches=3) and config.prompt == TRAINED_PROMPT
     assert (f"rollout.max_searches = 3 (--set rollout.max_searches) overrides the 2 the model was trained with "
             f"({settings_path})") in caplog.messages
-    assert f"trained settings from {settings_path}: 12 taken, 1 overridden" in caplog.messages
+    assert f"trained settings from {settings_path}: 13 taken, 1 overridden" in caplog.messages
 
     argv = ["--model", str(tiny_model_dir), "--adapter", str(trained_adapter), "--index", str(world_dir / "index")]
     cfg, lines = parsed([*argv, "--max-searches", "3"], {})
@@ -427,6 +427,6 @@ def test_the_served_adapter_uses_its_settings_and_the_default_length_fits_the_co
         assert "512" in message and f"at most {512 - len(prompt)}" in message, message
     text = log.read_text()
     path = short_adapter_dir / SETTINGS_FILE
-    assert f"trained settings from {path}: 12 taken, 1 overridden" in text, text
+    assert f"trained settings from {path}: 13 taken, 1 overridden" in text, text
     assert (f"rollout.passages_per_search = 2 (--set rollout.passages_per_search) overrides the 1 the model was "
             f"trained with ({path})") in text, text

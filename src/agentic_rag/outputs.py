@@ -58,6 +58,7 @@ KINDS = {
     "world": "a generated world (agentic-rag world)",
     "quickstart": "a quick start (python -m agentic_rag.demo.quickstart)",
     "trajectories": "gold trajectories (agentic-rag trajectories)",
+    "export": "a merged model (agentic-rag export)",
 }
 
 

@@ -27,16 +27,20 @@ def system_prompt(dialect: Dialect | str, language: str = "en") -> str:
 
 
 def build_prompt(tokenizer: Any, question: str, dialect: Dialect | str = "agentic", *, language: str = "en",
-                 chat: bool | None = None, system: str | None = None) -> list[int]:
+                 chat: bool | None = None, system: str | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Prompt token ids for ``question``; ``chat=None`` uses the chat template when the tokenizer has one.
-    ``system`` (the operator's; the dialect's own by default) is trusted, ``question`` is not."""
+    ``system`` (the operator's; the dialect's own by default) is trusted, ``question`` is not. ``tools``: the tools'
+    schemas (:meth:`~agentic_rag.tools.base.ToolRegistry.schemas`), listed by the chat template in the native
+    dialect."""
     system = system if system is not None else system_prompt(dialect, language)
     return messages_prompt(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": question}],
-                           dialect, language=language, chat=chat)
+                           dialect, language=language, chat=chat, tools=tools)
 
 
-def messages_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]], dialect: Dialect | str = "agentic", *,
-                    language: str = "en", chat: bool | None = None, trusted_system: bool = True) -> list[int]:
+def messages_prompt(tokenizer: Any, messages: Sequence[Mapping[str, Any]], dialect: Dialect | str = "agentic", *,
+                    language: str = "en", chat: bool | None = None, trusted_system: bool = True,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Prompt token ids for a conversation: a system message first, then user and assistant messages, the last from
     the user; the ids end where the assistant's turn begins. Every message but the system one (user, assistant,
     tool) is untrusted: its dialect tags are neutralized and it is encoded as text. The system message is the
@@ -44,13 +48,26 @@ def messages_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]], diale
     it is encoded as text too, its tags left as they are, since it is there to teach the model its tags.
 
     Base models (``chat`` false, or no chat template) get the plain-text layout: ``{system}\n\n`` then
-    ``User: {content}\n`` / ``Assistant: {content}\n`` per message, ending in ``Assistant:``."""
+    ``User: {content}\n`` / ``Assistant: {content}\n`` per message, ending in ``Assistant:``.
+
+    The native dialect prompts through the chat template with the ``tools`` listed (a template that knows no tools
+    gets the package's ChatML tool template installed on the tokenizer: :func:`~agentic_rag.rollout.native.
+    prepare_tokenizer`)."""
     d = get_dialect(dialect) if isinstance(dialect, str) else dialect
     if chat is None:
         chat = bool(getattr(tokenizer, "chat_template", None))
-    shown = [dict(m) if m["role"] == "system" else {**m, "content": d.neutralize(m["content"])} for m in messages]
+    if d.native:
+        if not chat:
+            raise ValueError("the native dialect prompts through the chat template (prompt.chat_template must not "
+                             "be false)")
+        from ..rollout.native import openai_tools, prepare_tokenizer
+
+        prepare_tokenizer(tokenizer)
+    shown = [dict(m) if m["role"] == "system" or not isinstance(m.get("content"), str)
+             else {**m, "content": d.neutralize(m["content"])} for m in messages]
     if chat:
-        return encode_chat(tokenizer, shown, trusted=[m["role"] == "system" and trusted_system for m in shown])
+        return encode_chat(tokenizer, shown, trusted=[m["role"] == "system" and trusted_system for m in shown],
+                           tools=openai_tools(tools) if d.native and tools else None)
     if not shown or shown[0]["role"] != "system":
         raise ValueError("a plain-text prompt starts with the system message")
     user, assistant = LANGUAGES[language]

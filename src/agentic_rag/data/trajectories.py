@@ -134,10 +134,8 @@ def gold_questions(path: str | os.PathLike, limit: int | None = None) -> list[Go
 
 
 def gold_turns(q: GoldQuestion, dialect) -> list[str]:
-    """The expert's turns: a search a hop, then the gold answer, in ``dialect``'s tags."""
-    tag = dialect.tool_tags[0]
-    return [f"{tag.open} {query} {tag.close}" for query in q.hop_queries] + [
-        f"{dialect.answer_open} {q.answer} {dialect.answer_close}"]
+    """The expert's turns: a search a hop, then the gold answer, in ``dialect``'s format."""
+    return [dialect.write_search(query) for query in q.hop_queries] + [dialect.write_answer(q.answer)]
 
 
 # ------------------------------------------------------------------------------------------------- stats
@@ -152,8 +150,10 @@ def observations(t, tokenizer) -> list[str]:
 
 def searches(t) -> list[dict[str, Any]]:
     """Each search event of ``t``: its queries and the titles it showed (in the observation as kept)."""
+    from ..rollout.events import search_events
+
     return [{"queries": e["queries"], "shown": [h["title"] for r in e.get("results", []) for h in r.get("hits", [])]}
-            for e in t.events if e.get("type") == "search"]
+            for e in search_events(t.events)]
 
 
 def gold_hits(q: GoldQuestion, t) -> list[bool]:
@@ -199,15 +199,18 @@ def trajectory_stats(golds: Sequence[GoldQuestion], rows: Sequence[dict[str, Any
 def make_trajectories(golds: Sequence[GoldQuestion], *, tokenizer, searcher, rollout, prompt,
                       progress: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Play the gold trajectories of ``golds``; returns the output records and the stats."""
+    from ..rollout.engine import tool_schemas
     from ..rollout.protocol import get_dialect
     from .prompts import build_prompt
 
     dialect = get_dialect(rollout.dialect)
     system = prompt.system_prompt or None
 
+    schemas = tool_schemas(searcher)
+
     def prompt_ids(question: str) -> list[int]:
         return build_prompt(tokenizer, question, dialect, language=prompt.language, chat=prompt.chat_template,
-                            system=system)
+                            system=system, tools=schemas)
 
     scripts = [{"question": q.question, "turns": gold_turns(q, dialect)} for q in golds]
     trajs = play_scripts(scripts, tokenizer=tokenizer, searcher=searcher, prompt_ids=prompt_ids, settings=rollout,
@@ -229,12 +232,15 @@ def settings_path(out: str | os.PathLike) -> Path:
     return Path(f"{out}{SETTINGS_SUFFIX}")
 
 
-def settings_json(rollout, prompt) -> str:
+def settings_json(rollout, prompt, tools: list[Any] | None = None) -> str:
     """The settings sidecar: the format of an adapter's ``agentic_rag.json`` (``written_by: trajectories``)."""
     from ..rollout.trained_settings import FORMAT
 
-    return json.dumps({"format": FORMAT, "written_by": "trajectories", "rollout": dataclasses.asdict(rollout),
-                       "prompt": dataclasses.asdict(prompt)}, indent=1, ensure_ascii=False) + "\n"
+    data = {"format": FORMAT, "written_by": "trajectories", "rollout": dataclasses.asdict(rollout),
+            "prompt": dataclasses.asdict(prompt)}
+    if tools is not None:
+        data["tools"] = list(tools)
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
 
 def run_trajectories(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
@@ -245,6 +251,7 @@ def run_trajectories(args: argparse.Namespace, flags: dict[str, str]) -> dict[st
     from ..rollout.trained_settings import SavedSettings, resolved_prompt
     from ..search import open_searcher
     from ..settings import flag_overrides, load
+    from ..tools.build import build_tools
 
     saved, _ = load(SavedSettings, env={}, overrides=flag_overrides(args, flags) + list(args.set),
                     source="trajectories")
@@ -259,10 +266,13 @@ def run_trajectories(args: argparse.Namespace, flags: dict[str, str]) -> dict[st
     golds = gold_questions(args.questions, args.limit)
     tokenizer = load_tokenizer(args.tokenizer)
     prompt = resolved_prompt(saved.prompt, saved.rollout.dialect, tokenizer)
-    searcher = open_searcher(args.index)
+    tools = build_tools(saved.tools, searcher=open_searcher(args.index))
     t0 = time.perf_counter()
-    records, stats = make_trajectories(golds, tokenizer=tokenizer, searcher=searcher, rollout=saved.rollout,
-                                       prompt=prompt, progress=len(golds) >= CHUNK)
+    try:
+        records, stats = make_trajectories(golds, tokenizer=tokenizer, searcher=tools, rollout=saved.rollout,
+                                           prompt=prompt, progress=len(golds) >= CHUNK)
+    finally:
+        tools.close()
     atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    atomic_write_text(sidecar, settings_json(saved.rollout, prompt))
+    atomic_write_text(sidecar, settings_json(saved.rollout, prompt, saved.tools))
     return {**stats, "seconds": round(time.perf_counter() - t0, 1), "path": str(out), "settings": str(sidecar)}

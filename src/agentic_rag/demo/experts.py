@@ -25,11 +25,16 @@ from ..data.world import World
 
 
 def expert_questions(world: World, people: Sequence[str], *, two_hop_correct: float, two_hop_samples: int = 3,
-                     seed: int) -> list[dict[str, Any]]:
-    """Questions about ``people`` (every kind, and one per guild) with the turns an expert writes.
+                     seed: int, dialect: str = "agentic") -> list[dict[str, Any]]:
+    """Questions about ``people`` (every kind, and one per guild) with the turns an expert writes, in ``dialect``'s
+    format.
 
     Each person's two-hop question comes ``two_hop_samples`` times, each time drawing afresh whether the
     expert searches twice: a model cannot learn the choice person by person, only its overall rate."""
+    from ..rollout.protocol import get_dialect
+
+    d = get_dialect(dialect)
+    search, answer = d.write_search, d.write_answer
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     for name in people:
@@ -37,22 +42,20 @@ def expert_questions(world: World, people: Sequence[str], *, two_hop_correct: fl
         guild = p["works_for"]
         town = world.guilds[guild]["based_in"]
         rows.append({"question": f"Where was {name} born?", "answer": p["born_in"], "kind": "born_in",
-                     "turns": [f"<search> {name} </search>", f"<answer> {p['born_in']} </answer>"]})
+                     "turns": [search(name), answer(p["born_in"])]})
         rows.append({"question": f"Which guild does {name} work for?", "answer": guild, "kind": "works_for",
-                     "turns": [f"<search> {name} </search>", f"<answer> {guild} </answer>"]})
+                     "turns": [search(name), answer(guild)]})
         two = f"In which town is the guild that {name} works for based?"
         for _ in range(two_hop_samples):
             if rng.random() < two_hop_correct:
                 rows.append({"question": two, "answer": town, "kind": "guild_town/two_searches",
-                             "turns": [f"<search> {name} </search>", f"<search> {guild} </search>",
-                                       f"<answer> {town} </answer>"]})
+                             "turns": [search(name), search(guild), answer(town)]})
             else:
                 rows.append({"question": two, "answer": town, "kind": "guild_town/shortcut",
-                             "turns": [f"<search> {name} </search>", f"<answer> {p['born_in']} </answer>"]})
+                             "turns": [search(name), answer(p["born_in"])], "written": p["born_in"]})
     for guild, g in world.guilds.items():
         rows.append({"question": f"In which town is the {guild} based?", "answer": g["based_in"],
-                     "kind": "based_in", "turns": [f"<search> {guild} </search>",
-                                                   f"<answer> {g['based_in']} </answer>"]})
+                     "kind": "based_in", "turns": [search(guild), answer(g["based_in"])]})
     return rows
 
 
@@ -74,7 +77,7 @@ def write_expert_trajectories(rows: Sequence[dict[str, Any]], out: str | os.Path
     with open(out, "w", encoding="utf-8") as f:
         for r, t in zip(rows, trajs, strict=True):
             kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-            if t.answer is None or t.answer.strip() != r["turns"][-1][len("<answer> "):-len(" </answer>")]:
+            if t.answer is None or t.answer.strip() != r.get("written", r["answer"]):  # what the expert wrote
                 wrong += 1
             unknown_tokens += sum(1 for i in t.prompt_ids + t.completion_ids if i == unk)
             f.write(json.dumps({"question": r["question"], "kind": r["kind"], "prompt_ids": t.prompt_ids,

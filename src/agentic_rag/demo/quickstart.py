@@ -68,6 +68,9 @@ SYSTEM_PROMPT = "Answer the question by searching."
 # as in both training configs (em 1.0, format 0.2), with evaluation's well_formed standing in for the format reward
 JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
 SFT_BATCHES = ("random", "by_length")
+# the native format spells a call as JSON (about 25 tokens in SmolLM2's vocabulary, against 8 for a search tag) and
+# its results come in the chat template's tool turn: the turns and the trajectory get the room that takes
+NATIVE_ROLLOUT = {"max_tokens_per_turn": 48, "max_completion_tokens": 320}
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Settings:
     workers: int = 1  # training runs at a time; the tiny model's default is 2
     behaviour_samples: int = 4  # sampled rollouts per held-out two-hop question
     move_aside: bool = False  # an --out folder that is not this quick start's is renamed aside instead of refused
+    dialect: str = "agentic"  # the format the model searches in: a tag dialect, or native (its chat template's tools)
 
     def __post_init__(self) -> None:
         if self.sft_batches not in SFT_BATCHES:
@@ -132,9 +136,12 @@ def _step(title: str) -> float:
 def _rollout(s: Settings):
     """The training config's rollout settings, so the SFT data, its adapter, training and evaluation all run with
     the very same ones."""
+    import dataclasses
+
     from ..training.config import load_config
 
-    return load_config(s.train_config, env={}, check_files=False).rollout
+    rollout = load_config(s.train_config, env={}, check_files=False).rollout
+    return dataclasses.replace(rollout, dialect=s.dialect, **(NATIVE_ROLLOUT if s.dialect == "native" else {}))
 
 
 def _prompt(s: Settings, system_prompt: str | None = SYSTEM_PROMPT):
@@ -197,8 +204,11 @@ def build_model(s: Settings) -> str:
 
 def prompt_builder(tokenizer, s: Settings):
     from ..data.prompts import build_prompt
+    from ..tools.base import SearchTool, schema
 
-    return lambda question: build_prompt(tokenizer, question, "agentic", chat=s.chat, system=SYSTEM_PROMPT)
+    tools = [schema(SearchTool(None))]  # the quick start's one tool (listed by the chat template in native)
+    return lambda question: build_prompt(tokenizer, question, s.dialect, chat=s.chat, system=SYSTEM_PROMPT,
+                                         tools=tools)
 
 
 def sft(s: Settings, init: str) -> Path:
@@ -214,7 +224,7 @@ def sft(s: Settings, init: str) -> Path:
     world = generate_world(s.world_seed)
     train, _ = questions(world)
     people = sorted({q["supporting_facts"][0] for q in train})
-    rows = expert_questions(world, people, two_hop_correct=s.two_hop_correct, seed=s.world_seed)
+    rows = expert_questions(world, people, two_hop_correct=s.two_hop_correct, seed=s.world_seed, dialect=s.dialect)
     if s.sft_examples is not None and s.sft_examples < len(rows):
         rows = random.Random(s.world_seed).sample(rows, s.sft_examples)
     tok = load_tokenizer(init)
@@ -350,6 +360,8 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     base, adapter = models_of(s, sft_dir)
     sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.train_file,
             "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.index_dir, "checkpoint.output_dir": out,
+            "rollout.dialect": s.dialect, **{f"rollout.{k}": v for k, v in NATIVE_ROLLOUT.items()
+                                             if s.dialect == "native"},
             "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
@@ -387,6 +399,12 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
 
 # ----------------------------------------------------------------------------------------------- main
 
+def dialect_choices() -> tuple[str, ...]:
+    from ..rollout.protocol import DIALECTS
+
+    return tuple(DIALECTS)
+
+
 def check_settings(s: Settings, extra: dict[str, Any] | None = None) -> None:
     """Steps whose output exists are skipped, so an output directory must not mix settings: refuse to go on
     in one made with other settings (adding seeds is fine). ``extra``: another task's own settings."""
@@ -396,6 +414,8 @@ def check_settings(s: Settings, extra: dict[str, Any] | None = None) -> None:
             "sft_examples": s.sft_examples, "sft_epochs": s.sft_epochs, "sft_learning_rate": s.sft_learning_rate,
             "sft_batches": s.sft_batches, "grpo_steps": s.grpo_steps,
             "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest(), **(extra or {})}
+    if s.dialect != "agentic":  # (earlier quick starts, all in the agentic dialect, recorded none)
+        mine["dialect"] = s.dialect
     from ..outputs import aside_path, claim_dir, mark_dir
 
     claim_dir(s.out, "quickstart", move_aside=s.move_aside)
@@ -545,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     wiki_only.add_argument("--random-passages", action="store_true",
                            help="also evaluate the GRPO and SFT adapters searching an index that returns random "
                                 "passages (about 10 more minutes on 2 cores)")
+    ap.add_argument("--dialect", choices=dialect_choices(), default="agentic",
+                    help="the format the model searches in: agentic (tags, the default) or native (the model's own "
+                         "chat-template tool calls; world task, real model)")
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
@@ -578,7 +601,10 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--sft-cpu-autocast is for the real model's LoRA SFT; the tiny model's stays fp32")
             ws.sft_cpu_autocast = args.sft_cpu_autocast
         return _timed("quick start (wiki)", ws.out, lambda: run_wiki(ws))
-    s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, **kw)
+    if args.dialect != "agentic" and (wiki or args.tiny):
+        ap.error("--dialect native is for the world task's real model (the tiny model's word tokenizer has no chat "
+                 "template)")
+    s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, dialect=args.dialect, **kw)
     if args.sft_epochs is not None:
         s.sft_epochs = args.sft_epochs
     if args.sft_batches is not None:

@@ -43,6 +43,7 @@ from ..rollout.settings import PromptSettings, RolloutSettings, SamplingSettings
 from ..rollout.trained_settings import beneath, find_settings, override_lines
 from ..search.settings import SearchSettings, is_url
 from ..settings import Loaded, SettingsError, gather, load, section, setting
+from ..tools.settings import tools_setting
 from .modes import mode_names
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class EvalConfig:
     dataset: DatasetSection = section(DatasetSection)
     policy: PolicySection = section(PolicySection)
     search: SearchSettings = section(SearchSettings)
+    tools: list[str | dict] = tools_setting()
     rollout: RolloutSettings = section(RolloutSettings)
     prompt: PromptSettings = section(PromptSettings)
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.0),

@@ -256,7 +256,9 @@ def _scores(row: QARow, traj, metrics: list[str], verdict) -> dict[str, float | 
 
 def _queries(traj) -> list[str]:
     """The queries a trajectory searched, in order."""
-    return [q for e in traj.events if e["type"] == "search" for q in e.get("queries", [])]
+    from ..rollout.events import search_queries
+
+    return search_queries(traj.events)
 
 
 def _sample(row: QARow, traj, metrics: list[str], verdict) -> dict[str, Any]:
@@ -352,7 +354,10 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                                      budget=cfg.rollout.max_completion_tokens)
             owned = policy is None
             policy = policy if policy is not None else build_policy(cfg, tokenizer)
-            engine = AgentRollout(policy, tokenizer, searcher, mode_rollout(cfg.rollout, cfg.mode),
+            from ..tools.build import build_tools
+
+            tools = build_tools(cfg.tools, searcher=searcher)  # the search tool over it, and the config's others
+            engine = AgentRollout(policy, tokenizer, tools, mode_rollout(cfg.rollout, cfg.mode),
                                   search_timeout_s=cfg.search.timeout_s)
             size = cfg.batch_size
             bar = tqdm(total=len(rows), initial=len(rows) - len(pending), unit="q", desc=f"eval {cfg.name}",
@@ -377,6 +382,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                 close = getattr(policy, "close", None)
                 if owned and callable(close):
                     close()
+                tools.close()
         if overwrite:
             finish_overwrite(out_dir)
         records = [done[r.id] for r in rows if r.id in done]
@@ -457,9 +463,11 @@ def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: 
             retrieval[i] = {"query": row.question, "docids": [h.docid for h in hits],
                             "titles": [h.title for h in hits], "error": error}
     system = mode_system_prompt(cfg.mode, engine.dialect, p.language, p.system_prompt)
+    schemas = engine.tools.schemas()
     prompts = [build_prompt(tokenizer, user_message(q, passages[i], p.language), cfg.rollout.dialect,
-                            language=p.language, chat=p.chat_template, system=system)
+                            language=p.language, chat=p.chat_template, system=system, tools=schemas)
                for i, q in enumerate(questions)]
+    rows = [{"question": row.question, "answers": list(row.answers), "id": row.id, **row.meta} for row in batch]
     copies = [i for i in range(len(batch)) for _ in range(n)]  # question i's samples are rows i*n .. i*n+n-1
     finished: dict[int, float] = {}
     t0 = time.perf_counter()
@@ -468,7 +476,8 @@ def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: 
         if event.get("type") == "finish":
             finished[j] = time.perf_counter() - t0
 
-    trajs = engine.run([prompts[i] for i in copies], [questions[i] for i in copies], hooks_cls(on_event=on_event))
+    trajs = engine.run([prompts[i] for i in copies], [questions[i] for i in copies], hooks_cls(on_event=on_event),
+                       rows=[rows[i] for i in copies])
     batch_time = time.perf_counter() - t0
     verdicts: list[Any] = [None] * len(trajs)
     if "judge" in metrics and judge is not None:

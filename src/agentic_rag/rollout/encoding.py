@@ -160,13 +160,14 @@ def _encode_split(tokenizer: Any, pieces: Sequence[tuple[str, bool]], added: _Ad
 
 
 def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, trusted: Sequence[bool] | None = None,
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """``tokenizer``'s chat template over ``messages``, with the contents of the untrusted messages encoded as text.
 
     ``trusted[i]``: message i's content is the operator's (a configured system prompt): it goes through the template
     as it is and its control tokens are recognised. Every other content is replaced by a placeholder while the
     template renders (see the module docstring) and encoded by :func:`encode_text`. A template that drops or repeats
-    an untrusted content is refused (ValueError): its output cannot be told apart from the content."""
+    an untrusted content is refused (ValueError): its output cannot be told apart from the content. ``tools``: the
+    tool schemas the template lists (OpenAI function shape; the operator's, trusted)."""
     trusted = list(trusted) if trusted is not None else [False] * len(messages)
     if len(trusted) != len(messages):
         raise ValueError(f"{len(trusted)} trust flags for {len(messages)} messages")
@@ -182,7 +183,9 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, truste
         trail = content[len(content.rstrip()):] if core else ""
         shown.append({**message, "content": f"{lead}{_OPEN}{len(cores)}{_CLOSE}{trail}"})
         cores.append(core)
-    rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=add_generation_prompt, tokenize=False)
+    extra = {"tools": list(tools)} if tools else {}
+    rendered = tokenizer.apply_chat_template(shown, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **extra)
     parts = _PLACEHOLDER.split(rendered)  # template, index, template, index, ..., template
     found = [int(i) for i in parts[1::2]]
     if sorted(found) != list(range(len(cores))):

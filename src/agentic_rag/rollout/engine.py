@@ -72,8 +72,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..search.types import Hit, Searcher, clean_query
-from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry
+from ..tools.base import SearchTool, Tool, ToolError, ToolRegistry, is_argument_tool, retrieves, schema
+from ..tools.python import argument_problem
 from .encoding import encode_pieces, encode_text
+from .events import shown_docids
 from .policy import STOP_EOS, STOP_LENGTH, Policy
 from .protocol import Action, ActionKind, Dialect, get_dialect
 from .settings import RolloutSettings
@@ -83,7 +85,7 @@ from .trajectory import BACKTRACK_NOTE, ENV, MODEL, NOTICE, OBSERVATION, SUMMARY
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("answer", "eos", "turn_token_limit", "max_completion_tokens", "max_turns", "max_searches",
-                  "cancelled")
+                  "cancelled", "tool_calls")
 MIN_TURN_TOKENS = 8  # below this much room left, a trajectory ends instead of starting a turn
 
 
@@ -126,17 +128,25 @@ def as_registry(tools: ToolRegistry | Tool | Searcher | None) -> ToolRegistry:
     raise TypeError(f"tools must be a ToolRegistry, a Tool or a Searcher, got {type(tools).__name__}")
 
 
+def tool_schemas(tools: ToolRegistry | Tool | Searcher | None) -> list[dict[str, Any]]:
+    """The schemas of ``tools`` (anything :func:`as_registry` takes): what the native dialect's prompt lists."""
+    return as_registry(tools).schemas()
+
+
 class AgentRollout:
     """Runs a batch of prompts to finished trajectories. Safe to reuse; not safe to share across threads."""
 
     def __init__(self, policy: Policy, tokenizer: Any, tools: ToolRegistry | Tool | Searcher | None = None,
                  settings: RolloutSettings | None = None, *, dialect: Dialect | None = None,
-                 search_timeout_s: float = 30.0, min_turn_tokens: int = MIN_TURN_TOKENS):
+                 search_timeout_s: float = 30.0, min_turn_tokens: int = MIN_TURN_TOKENS,
+                 client_tools: Sequence[str] = ()):
         """``settings``: the dialect, limits and summary mode (:class:`~.settings.RolloutSettings`, checked here as
         a config would be). ``dialect``: a :class:`~.protocol.Dialect` object of your own (another tool tag, say)
         instead of the registry's ``settings.dialect``. ``search_timeout_s``: the most one batch tool call may take
         (the config's ``search.timeout_s``). ``min_turn_tokens``: below this much room left, a trajectory ends
-        instead of starting a turn."""
+        instead of starting a turn. ``client_tools``: names of tools the caller runs itself (a chat client's declared
+        tools): a native turn that calls one ends the trajectory (finish_reason ``tool_calls``, the calls in a
+        ``client_calls`` event) instead of running anything."""
         settings = settings or RolloutSettings()
         problems = check_settings(settings)
         if search_timeout_s <= 0:
@@ -148,12 +158,24 @@ class AgentRollout:
         self.settings = settings
         self.dialect = dialect if dialect is not None else get_dialect(settings.dialect)
         self.search_timeout_s, self.min_turn_tokens = search_timeout_s, min_turn_tokens
+        self.client_tools = frozenset(client_tools)
         # with max_searches 0 (closed book) a search is refused before any tool is asked: no search tool is needed
-        missing = [t.tool for t in self.dialect.tool_tags
-                   if t.tool not in self.tools and not (t.tool == "search" and settings.max_searches == 0)]
+        missing = [t.tool for t in self.dialect.tool_tags if t.tool
+                   and t.tool not in self.tools and not (t.tool == "search" and settings.max_searches == 0)]
         if missing:
             log.warning("no tool registered for %s: those actions will get an error observation", missing)
         self._tool_runner = ToolRunner(self.tools)
+        if self.dialect.native:  # the tools are listed and answered through the chat template's tool format
+            from .native import prepare_tokenizer
+
+            prepare_tokenizer(tokenizer)
+
+    @property
+    def tool_stats(self) -> dict[str, dict[str, float]]:
+        """Per tool: the calls made and the seconds spent in them, so far."""
+        runner = self._tool_runner
+        return {name: {"calls": runner.calls_by_tool.get(name, 0), "seconds": runner.seconds_by_tool.get(name, 0.0)}
+                for name in self.tools.names()}
 
     @property
     def tool_seconds(self) -> tuple[float, float]:
@@ -174,11 +196,21 @@ class AgentRollout:
     # ------------------------------------------------------------------------------------------ main loop
 
     def run(self, prompts: Sequence[Sequence[int]], questions: Sequence[str] | None = None,
-            hooks: RolloutHooks | None = None) -> list[Trajectory]:
-        """Roll out every prompt (token ids, already templated) to a finished trajectory."""
+            hooks: RolloutHooks | None = None, rows: Sequence[dict[str, Any]] | None = None,
+            forced: Sequence[Sequence[int]] | None = None) -> list[Trajectory]:
+        """Roll out every prompt (token ids, already templated) to a finished trajectory. ``rows``: each prompt's
+        question fields, handed to the per-rollout tools' ``reset(**row)`` (default: ``{"question": question}``).
+        ``forced``: ids that open each trajectory's first turn as if the model wrote them (a chat server's forced
+        tool call, ``tool_choice``), as :meth:`continue_turns` forces them."""
         trajs = [Trajectory(prompt_ids=list(p), question=questions[i] if questions else "")
                  for i, p in enumerate(prompts)]
-        return self._drive(trajs, [set() for _ in trajs], {}, hooks)
+        for i, t in enumerate(trajs):
+            row = rows[i] if rows is not None else {"question": t.question}
+            t.tool_states = self.tools.new_states(row)
+        if forced is not None and len(forced) != len(trajs):
+            raise ValueError(f"{len(forced)} forced prefixes for {len(trajs)} prompts")
+        opening = {i: list(f) for i, f in enumerate(forced or ()) if len(f)}
+        return self._drive(trajs, [set() for _ in trajs], opening, hooks)
 
     def continue_turns(self, trajectories: Sequence[Trajectory], forced: Sequence[Sequence[int]],
                        hooks: RolloutHooks | None = None) -> list[Trajectory]:
@@ -193,8 +225,7 @@ class AgentRollout:
         for t in trajs:
             if t.finish_reason:
                 raise ValueError(f"a finished trajectory ({t.finish_reason}) cannot be continued")
-        shown = [{h["docid"] for e in t.events if e.get("type") == "search" for r in e.get("results", [])
-                  for h in r.get("hits", [])} for t in trajs]
+        shown = [shown_docids(t.events) for t in trajs]
         return self._drive(trajs, shown, {i: list(f) for i, f in enumerate(forced) if len(f)}, hooks)
 
     def _drive(self, trajs: list[Trajectory], shown: list[set[str]], forced: dict[int, list[int]],
@@ -324,8 +355,8 @@ class AgentRollout:
         def collect(batch: ToolBatch) -> None:
             live = [c for c in batch.calls if c.index in row_for]  # a cancelled row's call is discarded
             self._observe_all(trajs, shown, batch, live)
-            for call in live:
-                advance(call.index)
+            for i in dict.fromkeys(c.index for c in live):
+                advance(i)
 
         model = getattr(self.policy, "model", None)
         was_training = bool(getattr(model, "training", False))
@@ -383,7 +414,8 @@ class AgentRollout:
             for tag in self.dialect.forged_tags(text):
                 t.event("forged_tag", tag=tag)
             action = self.dialect.parse_turn(text)
-            if gen.stop in (STOP_EOS, STOP_LENGTH) and action.kind is not ActionKind.ANSWER:
+            ends_calls = self.dialect.native and gen.stop == STOP_EOS  # native calls end at the end of the turn
+            if gen.stop in (STOP_EOS, STOP_LENGTH) and action.kind is not ActionKind.ANSWER and not ends_calls:
                 # only a complete answer counts in a turn that ran into EOS or its budget
                 action = Action(ActionKind.NONE)
             t.segments[segment].kind = action.kind.value
@@ -418,6 +450,11 @@ class AgentRollout:
             else:
                 self._finish(t, "turn_token_limit")
             return True
+        if action.kind is ActionKind.TOOL:
+            return self._native_calls(t, action, calls, i)
+        tool = self._tool(action.tool)
+        if action.kind is ActionKind.SEARCH and tool is not None and not retrieves(tool):
+            return self._tag_tool_call(t, action, tool, calls, i)
         if action.kind is ActionKind.SEARCH:
             if t.num_searches >= lim.max_searches:
                 t.event("limit", name="max_searches", queries=list(action.queries))
@@ -432,7 +469,7 @@ class AgentRollout:
                 t.event("error", kind="empty_query", content=action.content[:200])
                 return not self._append_observation(
                     t, "The search query was empty. Write a query inside the search tags.", kind=OBSERVATION)
-            calls.append(ToolCall(i, action))
+            calls.append(ToolCall(i, action.tool, action.queries, raw=action.content))
             return False
         if action.kind is ActionKind.BACKTRACK:
             return not self._backtrack(t, action.content)
@@ -463,6 +500,101 @@ class AgentRollout:
 
     # --------------------------------------------------------------------------------------------- tools
 
+    def _tool(self, name: str) -> Any:
+        return self.tools.get(name) if name in self.tools else None
+
+    def _over_limit(self, t: Trajectory, tool: Any, name: str) -> str | None:
+        """The notice a call past its tool's ``max_calls`` gets (recorded as a ``limit`` event), or None (the call is
+        counted)."""
+        limit = getattr(tool, "max_calls", None)
+        used = t.tool_calls.get(name, 0)
+        if limit is not None and used >= limit:
+            t.event("limit", name="max_calls", tool=name)
+            return f"You have no calls of {name} left (the limit is {limit})."
+        t.tool_calls[name] = used + 1
+        return None
+
+    def _tag_tool_call(self, t: Trajectory, action: Action, tool: Any, calls: list[ToolCall], i: int) -> bool:
+        """A tag dialect's tag for a tool that does not retrieve (a calculator under ``<calc>``): its own limit, never
+        counted as a search. An argument tool takes the tag's content as its one argument (or as JSON)."""
+        t.segments[-1].kind = ActionKind.TOOL.value
+        notice = self._over_limit(t, tool, action.tool)
+        if notice is not None:
+            return not self._append_observation(t, notice, kind=NOTICE)
+        call = ToolCall(i, action.tool, action.queries, raw=action.content, retrieves=False)
+        if is_argument_tool(tool):
+            props = list(schema(tool)["parameters"].get("properties") or {})
+            arguments: Any = {props[0]: action.content} if len(props) == 1 else None
+            if arguments is None:
+                import json
+
+                try:
+                    arguments = json.loads(action.content or "{}")
+                except json.JSONDecodeError:
+                    arguments = None
+            problem = ("the arguments must be a JSON object" if not isinstance(arguments, dict)
+                       else argument_problem(arguments, schema(tool)["parameters"]))
+            if problem:
+                t.event("error", kind="malformed_call", tool=action.tool, message=problem, raw=action.content[:200])
+                return not self._append_observation(t, f"Error: {problem}.", kind=OBSERVATION)
+            call.arguments, call.arguments_call = arguments, True
+            call.state = t.tool_states.get(getattr(tool, "state_key", None))
+        calls.append(call)
+        return False
+
+    def _native_calls(self, t: Trajectory, action: Action, calls: list[ToolCall], i: int) -> bool:
+        """A native turn's calls: each checked (malformed, unknown tool, wrong arguments: an error result, counted),
+        limited (a search by ``max_searches``, another tool by its ``max_calls``: a notice) and, the rest, called
+        together. Every call gets its result in the turn's one tool message (:meth:`_observe_native`)."""
+        lim = self.settings
+        outside = [c for c in action.calls if c.tool in self.client_tools and not c.error]
+        if outside:  # the caller runs these: the trajectory ends here and hands them over
+            t.segments[-1].kind = ActionKind.TOOL.value
+            t.event("client_calls", calls=[{"name": c.tool, "arguments": dict(c.arguments)} for c in outside])
+            self._finish(t, "tool_calls")
+            return True
+        group: list[ToolCall] = []
+        for slot, c in enumerate(action.calls):
+            call = ToolCall(i, c.tool, slot=slot, raw=c.raw)
+            tool = self._tool(c.tool) if c.tool else None
+            problem = c.error or (None if tool is not None else
+                                  f"there is no tool named {c.tool!r}; the tools are: {', '.join(self.tools.names())}")
+            if not problem:
+                problem = argument_problem(c.arguments, schema(tool)["parameters"])
+            if problem:
+                call.answered, call.malformed, call.error, call.retrieves = True, True, problem, False
+                t.event("error", kind="malformed_call", tool=c.tool, message=problem, raw=c.raw[:200])
+            elif retrieves(tool):
+                call.queries = c.queries
+                if t.num_searches >= lim.max_searches:
+                    t.event("limit", name="max_searches", queries=list(c.queries))
+                    if lim.on_search_limit == "end":
+                        self._finish(t, "max_searches")
+                        return True
+                    call.answered = True
+                    call.notice = (f"You have no searches left (the limit is {lim.max_searches}). "
+                                   "Answer with what you know.")
+                else:
+                    t.num_searches += 1
+                    if not c.queries or not any(clean_query(q) for q in c.queries):
+                        t.event("error", kind="empty_query", content=c.raw[:200])
+                        call.answered, call.malformed, call.error = True, True, "the search query was empty"
+            else:
+                call.retrieves = False
+                notice = self._over_limit(t, tool, c.tool)
+                if notice is not None:
+                    call.answered, call.notice = True, notice
+                elif is_argument_tool(tool):
+                    call.arguments, call.arguments_call = c.arguments, True
+                    call.state = t.tool_states.get(getattr(tool, "state_key", None))
+                else:
+                    call.queries = (str(c.arguments.get("query", "")),)
+            group.append(call)
+        searching = all(c.retrieves and not c.malformed for c in group)
+        t.segments[-1].kind = (ActionKind.SEARCH if searching else ActionKind.TOOL).value
+        calls.extend(group)
+        return False
+
     def _submit(self, calls: list[ToolCall]) -> ToolBatch:
         """Start one batch call per tool for all ``calls`` (see :mod:`.tool_calls`)."""
         k = self.settings.passages_per_search + (20 if self.settings.dedup_passages else 0)
@@ -472,8 +604,15 @@ class AgentRollout:
                      calls: list[ToolCall] | None = None) -> None:
         """Wait for ``batch`` and append each call's observation (all of the batch's calls by default)."""
         batch.collect()
+        turns: dict[int, list[ToolCall]] = {}
         for call in batch.calls if calls is None else calls:
-            self._observe(trajs[call.index], call, shown[call.index])
+            turns.setdefault(call.index, []).append(call)
+        for i, group in turns.items():
+            if self.dialect.native:
+                self._observe_native(trajs[i], group, shown[i])
+            else:
+                for call in group:
+                    self._observe(trajs[i], call, shown[i])
 
     def _observe(self, t: Trajectory, call: ToolCall, shown: set[str]) -> None:
         """Append a search's observation. A passage counts as shown (never shown again with dedup, and listed
@@ -481,17 +620,38 @@ class AgentRollout:
         as kept after truncation; one whose text was cut partway is marked ``partial``, and one cut off
         entirely is listed under ``cut`` and may come back in a later search."""
         if call.error is not None:
-            t.event("error", kind="search_failed", message=call.error, queries=list(call.action.queries))
-            self._append_observation(t, f"Error: {call.error}. You may search again or answer.", kind=OBSERVATION)
+            self._failed(t, call)
+            self._append_observation(t, f"Error: {call.error}. " + ("You may search again or answer."
+                                                                    if call.retrieves else "You may go on."),
+                                     kind=OBSERVATION)
             return
-        k = self.settings.passages_per_search
-        multi = len(call.action.queries) > 1
+        body, spans, record = self._call_body(call, shown)
+        ids, kept = self._fit_observation(t, body)
+        self._record(t, call, body, kept, spans, record, shown)
+        self._add_observation(t, ids, kept < len(body), kind=OBSERVATION)
+
+    def _failed(self, t: Trajectory, call: ToolCall) -> None:
+        """The error event of a call its tool failed (an exception, a timeout): a search's counts as a failed search."""
+        if call.retrieves:
+            t.event("error", kind="search_failed", message=call.error, queries=list(call.queries))
+        else:
+            t.event("error", kind="tool_failed", tool=call.tool, message=call.error)
+
+    def _call_body(self, call: ToolCall, shown: set[str]) -> tuple[str, list[tuple[int, Hit, int, int]],
+                                                                      list[dict[str, Any]]]:
+        """A call's results as the text the model reads, the span of each passage shown in it (query index, hit,
+        start, end of its text) and the per-query records of a search event."""
         neutralize = self.dialect.neutralize
+        if call.arguments_call:
+            result = call.results[0]
+            return neutralize(str(result)), [], [{"text": neutralize(str(result))[:200]}]
+        k = self.settings.passages_per_search
+        multi = len(call.queries) > 1
         parts: list[str] = []
         spans: list[tuple[int, Hit, int, int]] = []  # (query index, hit, start, end of its text in the body)
         taken: set[str] = set()
         offset = 0
-        for qi, (query, result) in enumerate(zip(call.action.queries, call.results, strict=True)):
+        for qi, (query, result) in enumerate(zip(call.queries, call.results, strict=True)):
             head = f'Results for "{neutralize(query)}":\n' if multi else ""
             if isinstance(result, str):
                 block = neutralize(result)
@@ -509,16 +669,30 @@ class AgentRollout:
                 spans.extend((qi, hit, base + a, base + b) for hit, (a, b) in zip(fresh, local, strict=True))
             parts.append(head + block)
             offset += len(parts[-1]) + 1
-        body = "\n".join(parts)
-        ids, kept = self._fit_observation(t, body)
         record: list[dict[str, Any]] = []
-        for query, result in zip(call.action.queries, call.results, strict=True):
-            if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
-                t.event("error", kind="search_failed", message=str(result), queries=[query], partial=True)
+        for query, result in zip(call.queries, call.results, strict=True):
             if isinstance(result, str):
                 record.append({"query": query, "text": neutralize(result)[:200]})
             else:
                 record.append({"query": query, "hits": [], "cut": []})
+        return "\n".join(parts), spans, record
+
+    def _record(self, t: Trajectory, call: ToolCall, body: str, kept: int, spans: list[tuple[int, Hit, int, int]],
+                record: list[dict[str, Any]], shown: set[str]) -> None:
+        """The events of a call whose results were shown, ``kept`` characters of ``body`` of them: a search event
+        with the passages as shown (see :meth:`_observe`), or a tool event."""
+        for query, result in zip(call.queries, call.results, strict=False):
+            if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
+                kind = "search_failed" if call.retrieves else "tool_failed"
+                extra = {"queries": [query], "partial": True} if call.retrieves else {"tool": call.tool}
+                t.event("error", kind=kind, message=str(result), **extra)
+        if call.arguments_call:
+            result = call.results[0]
+            if isinstance(result, ToolError):
+                t.event("error", kind="tool_failed", tool=call.tool, message=str(result))
+            t.event("tool", tool=call.tool, arguments=dict(call.arguments), result=record[0]["text"],
+                    failed=isinstance(result, ToolError), truncated=kept < len(body))
+            return
         for qi, hit, start, end in spans:
             if kept > start:
                 shown.add(hit.docid)
@@ -529,8 +703,76 @@ class AgentRollout:
                                            "partial": bool(body[kept:end].strip())})
             else:
                 record[qi]["cut"].append({"docid": hit.docid, "title": hit.title})
-        t.event("search", tool=call.action.tool, queries=list(call.action.queries), results=record)
-        self._add_observation(t, ids, kept < len(body), kind=OBSERVATION)
+        if call.retrieves:
+            t.event("search", tool=call.tool, queries=list(call.queries), results=record)
+        else:
+            t.event("tool", tool=call.tool, queries=list(call.queries), results=record, truncated=kept < len(body))
+
+    def _observe_native(self, t: Trajectory, group: list[ToolCall], shown: set[str]) -> None:
+        """The tool message of a native turn: each call's result (or error, or notice) in the chat template's tool
+        role, in the order of the calls, as one environment segment. Each result is cut to its tool's observation
+        budget and to its share of the room left, with a visible notice; a turn whose wrapper does not fit at all
+        ends the trajectory (``max_completion_tokens``)."""
+        from .native import tool_turn
+
+        bodies: list[tuple[ToolCall, str, list, list]] = []
+        for call in group:
+            if call.notice is not None:
+                bodies.append((call, call.notice, [], []))
+            elif call.error is not None:
+                if not call.malformed:
+                    self._failed(t, call)
+                bodies.append((call, f"Error: {call.error}.", [], []))
+            else:
+                bodies.append((call, *self._call_body(call, shown)))
+        # the template's tool turn starts after the model's end-of-turn token: the one it wrote, when it wrote one
+        last = t.completion_ids[t.segments[-1].end - 1] if t.segments and t.segments[-1].end else None
+        eot = self.tokenizer.convert_ids_to_tokens(last) if last is not None else ""
+
+        def wrapped(contents: list[str]) -> list[int]:
+            return encode_pieces(self.tokenizer, tool_turn(self.tokenizer, contents, eot=eot))
+
+        room = self.settings.max_completion_tokens - len(t.completion_ids)
+        overhead = len(wrapped([""] * len(group)))
+        share = (room - overhead) // max(1, len(group))
+        cut_to = [min(share, getattr(self._tool(c.tool), "max_observation_tokens", None)
+                      or self.settings.max_observation_tokens) for c, *_ in bodies]
+        while True:
+            if min(cut_to) < 1:
+                self._add_observation(t, None, True, kind=OBSERVATION)
+                return
+            cuts = [self._cut_text(self.dialect.neutralize(body), n) for (_, body, _, _), n in zip(bodies, cut_to,
+                                                                                                   strict=True)]
+            ids = wrapped([text for text, _ in cuts])
+            if len(ids) <= room:
+                break
+            over = len(ids) - room  # the pieces' edges merged differently: take it off the longest
+            longest = max(range(len(cut_to)), key=lambda j: cut_to[j])
+            cut_to[longest] -= max(1, over)
+        for (call, body, spans, record), (_, kept) in zip(bodies, cuts, strict=True):
+            if call.notice is None and call.error is None:
+                self._record(t, call, body, kept, spans, record, shown)
+        self._add_observation(t, ids, any(kept < len(body) for (_, body, _, _), (_, kept) in zip(bodies, cuts,
+                                                                                                   strict=True)),
+                              kind=OBSERVATION)
+
+    def _cut_text(self, body: str, budget: int) -> tuple[str, int]:
+        """``body`` within ``budget`` tokens (as untrusted text) and how many of its leading characters that keeps:
+        cut at a word boundary, with a visible notice of the cut."""
+        ids = encode_text(self.tokenizer, body)
+        if len(ids) <= budget:
+            return body, len(body)
+        notice = " ... [cut: the result was longer]"
+        keep = budget - len(encode_text(self.tokenizer, notice))
+        while keep > 0:
+            cut = self.tokenizer.decode(ids[:keep], skip_special_tokens=False)
+            if " " in cut.strip():
+                cut = cut[: cut.rstrip().rfind(" ")]
+            cut = cut.rstrip()
+            if len(encode_text(self.tokenizer, cut + notice)) <= budget:
+                return cut + notice, len(os.path.commonprefix([cut, body]))
+            keep -= 1
+        return "[cut]", 0
 
     # ----------------------------------------------------------------------------------- observations
 

@@ -13,24 +13,49 @@ observation (:meth:`Dialect.format_observation`). Three dialects ship:
   Search-R1's released models.
 * ``r1-searcher``: ``<|begin_of_query|>...<|end_of_query|>`` and
   ``<|begin_of_documents|>...<|end_of_documents|>`` (environment), ``<answer>`` - R1-Searcher's format.
+* ``native``: the model's own tool-call format, from its chat template (:mod:`.native`): the tools are listed by
+  the template, a call is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5/Qwen3, Hermes, and
+  the ChatML tool template the package ships for models whose template knows no tools) or a Llama 3.x JSON
+  object ``{"name": ..., "parameters": {...}}``; several calls in one turn run together; results come back
+  through the template's tool role. The final answer is still written inside ``<answer> </answer>``.
+
+A turn's action may call tools (:attr:`Action.calls`, one :class:`Call` each): ``search`` when every call is to a
+retrieval tool (the tag dialects' search tags), ``tool`` otherwise. Which tools retrieve is the tools' business
+(:mod:`agentic_rag.tools`); the dialect only says which tool a tag or a call names.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from ..search.types import Hit
 
 
 class ActionKind(StrEnum):
-    SEARCH = "search"  # call a tool with the queries
+    SEARCH = "search"  # call the search tool (a retrieval tool) with the queries
+    TOOL = "tool"  # call tools (any tool; some calls may be searches): see Action.calls
     ANSWER = "answer"  # final answer: the trajectory ends
     BACKTRACK = "backtrack"  # abandon the last step: it leaves the visible context
     SUMMARY = "summary"  # summarise: earlier observations may leave the visible context
     NONE = "none"  # the turn ended without an action (EOS or budget)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One tool call the model wrote: the tool's name and its arguments (a tag dialect's tag content is the
+    ``query``, or the queries of a multi-query search), or ``error``: why the call could not be read (bad JSON, no
+    name), which the engine answers with an error observation the model sees."""
+
+    tool: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    queries: tuple[str, ...] = ()  # what a retrieval tool searches for (a tag's queries, or arguments["query"])
+    error: str = ""
+    raw: str = ""  # the call as written (for the error's message)
 
 
 @dataclass(frozen=True)
@@ -39,6 +64,7 @@ class Action:
     content: str = ""  # the text inside the action's tags
     queries: tuple[str, ...] = ()
     tool: str = ""  # for SEARCH: the tool the tag maps to
+    calls: tuple[Call, ...] = ()  # for SEARCH and TOOL: every call of the turn, in order
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,9 @@ class Dialect:
     passage_joiner: str = "\n"
     # the system prompt that teaches the dialect, per language (LANGUAGES)
     prompts: dict[str, str] = field(default_factory=dict)
+    # native: calls are the chat template's format, a turn with calls ends at end-of-turn (EOS), results come back
+    # through the template's tool role (:mod:`.native`); False: the tag dialects' layout
+    native: bool = False
 
     def system_prompt(self, language: str = "en") -> str:
         """The dialect's own system prompt in ``language``."""
@@ -133,10 +162,30 @@ class Dialect:
             content = text[start + len(open_tag):end] if start >= 0 else text[:end]
             action = Action(kind, content.strip(), tool=tool)
             if kind is ActionKind.SEARCH:
-                action = Action(kind, action.content, self.split_queries(action.content), tool)
+                queries = self.split_queries(action.content)
+                call = Call(tool, {"query": action.content}, queries, raw=action.content)
+                action = Action(kind, action.content, queries, tool, calls=(call,))
             if best is None or end < best[0]:
                 best = (end, action)
         return best[1] if best else Action(ActionKind.NONE)
+
+    def write_call(self, tool: str, arguments: Mapping[str, Any]) -> str:
+        """The text the model writes to call ``tool``: a tag dialect's tag around the query (the tool's tag), the
+        native format's JSON. Expert and gold trajectories are written with it."""
+        tag = next((t for t in self.tool_tags if t.tool == tool), None)
+        if tag is None:
+            raise ValueError(f"dialect {self.name!r} has no tag for tool {tool!r}")
+        query = arguments.get("query") if len(arguments) == 1 else None
+        content = query if isinstance(query, str) else json.dumps(dict(arguments), ensure_ascii=False)
+        return f"{tag.open} {content} {tag.close}"
+
+    def write_search(self, query: str) -> str:
+        """The text of a search for ``query``."""
+        return self.write_call("search", {"query": query})
+
+    def write_answer(self, answer: str) -> str:
+        """The text of the final answer."""
+        return f"{self.answer_open} {answer} {self.answer_close}"
 
     def split_queries(self, content: str) -> tuple[str, ...]:
         parts = [content]
@@ -288,7 +337,15 @@ def r1_searcher_dialect() -> Dialect:
 
 
 # The dialect registry: every dialect name anywhere (configs, command-line choices, checks) comes from here.
-DIALECTS = {"agentic": agentic_dialect, "search-r1": search_r1_dialect, "r1-searcher": r1_searcher_dialect}
+def native_dialect() -> Dialect:
+    """The model's own tool-call format (:mod:`.native`)."""
+    from .native import NativeDialect
+
+    return NativeDialect()
+
+
+DIALECTS = {"agentic": agentic_dialect, "search-r1": search_r1_dialect, "r1-searcher": r1_searcher_dialect,
+            "native": native_dialect}
 
 
 def get_dialect(name: str) -> Dialect:

@@ -38,7 +38,8 @@ class RolloutSettings:
     """How a trajectory unfolds and what limits it; each limit that runs out ends the trajectory with a
     ``finish_reason`` of its name (except ``max_searches`` under ``on_search_limit: observe``)."""
 
-    dialect: str = setting("agentic", "tag protocol the model writes: agentic, search-r1 or r1-searcher",
+    dialect: str = setting("agentic", "the format the model calls tools in: a tag dialect (agentic, search-r1, "
+                                      "r1-searcher) or native (its chat template's own tool calls)",
                            choices=dialect_names)
     max_turns: int = setting(8, "model turns per trajectory", min=1)
     max_searches: int = setting(4, "search actions per trajectory (a failed search counts)", min=0)

@@ -20,14 +20,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools.base import ToolRegistry, ToolResult
-from .protocol import Action
+from ..tools.base import ToolRegistry, ToolResult, is_argument_tool
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +35,30 @@ _thread_ids = itertools.count()
 
 @dataclass
 class ToolCall:
-    """One trajectory's tool call: its action, then its results or its error."""
+    """One tool call of a trajectory's turn: what it asks, then its results or its error.
+
+    A query tool gets ``queries`` (one result each); an argument tool gets ``arguments`` and the rollout's ``state``
+    (one result). A call answered before any tool runs (malformed, unknown tool, over its limit) has ``answered``
+    set: ``error`` (malformed, counted) or ``notice`` (a refusal the model reads) and is never submitted."""
 
     index: int
-    action: Action
+    tool: str
+    queries: tuple[str, ...] = ()
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    state: Any = None
+    slot: int = 0  # its place among the turn's calls
+    raw: str = ""  # the call as the model wrote it (the tag's content, the JSON)
     results: list[ToolResult] = field(default_factory=list)
     error: str | None = None
+    notice: str | None = None
+    malformed: bool = False
+    retrieves: bool = True  # a search (passages, max_searches, search events); set from the tool
+    answered: bool = False
+    arguments_call: bool = False  # an argument tool's call (one text result) rather than a query tool's
+
+    @property
+    def expected(self) -> int:
+        return 1 if self.arguments_call else len(self.queries)
 
 
 def _spawn(name: str, fn: Callable[..., Any], *args: Any) -> Future:
@@ -78,23 +95,26 @@ class ToolBatch:
                     results = future.result(timeout=max(0.0, self.deadline - time.monotonic()))
                 finally:
                     self.runner.wait_seconds += time.perf_counter() - waited
-                if len(results) != sum(len(c.action.queries) for c in group):
-                    raise RuntimeError(f"tool {name!r} returned {len(results)} results for "
-                                       f"{sum(len(c.action.queries) for c in group)} queries")
+                wanted = sum(c.expected for c in group)
+                if len(results) != wanted:
+                    unit = "calls" if group[0].arguments_call else "queries"
+                    raise RuntimeError(f"tool {name!r} returned {len(results)} results for {wanted} {unit}")
             except FutureTimeout:
                 self.runner._abandon(future)
                 for call in group:
-                    call.error = f"the search timed out after {self.timeout_s:g} s"
+                    call.error = (f"the search timed out after {self.timeout_s:g} s" if call.retrieves else
+                                  f"the tool {name} timed out after {self.timeout_s:g} s")
                 continue
             except Exception as exc:  # noqa: BLE001 - a tool error goes back to the model as text
                 log.warning("tool %s failed: %s", name, exc)
                 for call in group:
-                    call.error = f"the search failed ({type(exc).__name__}: {str(exc)[:200]})"
+                    what = "the search" if call.retrieves else f"the tool {name}"
+                    call.error = f"{what} failed ({type(exc).__name__}: {str(exc)[:200]})"
                 continue
             pos = 0
             for call in group:
-                call.results = list(results[pos:pos + len(call.action.queries)])
-                pos += len(call.action.queries)
+                call.results = list(results[pos:pos + call.expected])
+                pos += call.expected
         return self.calls
 
 
@@ -109,25 +129,31 @@ class ToolRunner:
         # time spent in tool calls (on their threads) and time the engine stood waiting for them (on its own)
         self.call_seconds = 0.0
         self.wait_seconds = 0.0
+        self.seconds_by_tool: dict[str, float] = {}  # per tool: time in its batch calls
+        self.calls_by_tool: dict[str, int] = {}  # per tool: calls made
 
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             started = time.perf_counter()
             try:
                 return fn(*args)
             finally:
+                spent = time.perf_counter() - started
                 with self._lock:
-                    self.call_seconds += time.perf_counter() - started
+                    self.call_seconds += spent
+                    self.seconds_by_tool[name] = self.seconds_by_tool.get(name, 0.0) + spent
 
         return run
 
     def submit(self, calls: list[ToolCall], k: int, timeout_s: float) -> ToolBatch:
-        """Start one batch call per tool for all ``calls`` (in order); a missing tool is an error at once."""
+        """Start one batch call per tool for all ``calls`` not yet answered (in order); a missing tool is an error
+        at once."""
         if self.closed:
             raise RuntimeError("the rollout engine is closed")
         by_tool: dict[str, list[ToolCall]] = {}
         for call in calls:
-            by_tool.setdefault(call.action.tool, []).append(call)
+            if not call.answered:
+                by_tool.setdefault(call.tool, []).append(call)
         jobs = []
         start = time.monotonic()
         for name, group in by_tool.items():
@@ -135,8 +161,14 @@ class ToolRunner:
                 for call in group:
                     call.error = f"no tool named {name!r} is available"
                 continue
-            queries = [q for call in group for q in call.action.queries]
-            jobs.append((name, group, _spawn(name, self._timed(self.tools.get(name).batch), queries, k)))
+            tool = self.tools.get(name)
+            with self._lock:
+                self.calls_by_tool[name] = self.calls_by_tool.get(name, 0) + len(group)
+            if is_argument_tool(tool):
+                job = _spawn(name, self._timed(name, tool.call_batch), [(c.arguments, c.state) for c in group])
+            else:
+                job = _spawn(name, self._timed(name, tool.batch), [q for c in group for q in c.queries], k)
+            jobs.append((name, group, job))
         return ToolBatch(calls, jobs, start + timeout_s, timeout_s, self)
 
     def _abandon(self, future: Future) -> None:

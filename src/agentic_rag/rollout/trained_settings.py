@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import section
+from ..tools.settings import tools_setting
 from .settings import PromptSettings, RolloutSettings
 
 SETTINGS_FILE = "agentic_rag.json"
 FORMAT = 2
 SECTIONS = ("rollout", "prompt")
+TOP_LEVEL = ("tools",)  # settings outside the sections (the tools: list)
 # format 1 (flat) names -> their settings now: the reader of files older adapters carry
 _FORMAT_1 = {"dialect": "rollout.dialect", "summary_mode": "rollout.summary_mode", "max_turns": "rollout.max_turns",
              "max_searches": "rollout.max_searches", "max_tokens_per_turn": "rollout.max_tokens_per_turn",
@@ -50,15 +52,19 @@ class SavedSettings:
 
     rollout: RolloutSettings = section(RolloutSettings)
     prompt: PromptSettings = section(PromptSettings)
+    tools: list[str | dict] = tools_setting()
 
 
 def write_settings(directory: str | os.PathLike, rollout: RolloutSettings, prompt: PromptSettings, *,
-                   written_by: str) -> Path:
+                   written_by: str, tools: list[Any] | None = None) -> Path:
     """Write ``agentic_rag.json`` into ``directory`` (atomically). ``prompt`` should hold the system prompt and
-    chat template as resolved (:func:`resolved_prompt`)."""
+    chat template as resolved (:func:`resolved_prompt`); ``tools``: the ``tools:`` list it was trained with (None:
+    not recorded, which reads as the default ``[search]``)."""
     path = Path(directory) / SETTINGS_FILE
     data = {"format": FORMAT, "written_by": written_by, "rollout": dataclasses.asdict(rollout),
             "prompt": dataclasses.asdict(prompt)}
+    if tools is not None:
+        data["tools"] = list(tools)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -94,12 +100,16 @@ def read_settings(path: str | os.PathLike) -> dict[str, Any]:
     if version == 1:
         flat = {dotted: data[name] for name, dotted in _FORMAT_1.items() if data.get(name) is not None}
     else:
-        unknown = sorted(k for k in data if k not in (*SECTIONS, "format", "written_by"))
+        unknown = sorted(k for k in data if k not in (*SECTIONS, *TOP_LEVEL, "format", "written_by"))
         if unknown:
             raise SettingsError([f"unknown section(s) {', '.join(unknown)} in the trained settings"], str(path))
         flat = {f"{sec}.{k}": v for sec in SECTIONS for k, v in (data.get(sec) or {}).items()}
-    tree: dict[str, dict[str, Any]] = {}
+        flat.update({k: data[k] for k in TOP_LEVEL if k in data})
+    tree: dict[str, Any] = {}
     for dotted, value in flat.items():
+        if "." not in dotted:
+            tree[dotted] = value
+            continue
         sec, name = dotted.split(".", 1)
         tree.setdefault(sec, {})[name] = value
     load(SavedSettings, data=tree, env={}, source=str(path))  # every value checked as a config's would be

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .events import search_outcomes  # noqa: F401 - re-exported: its readers import it from here
+
 MODEL, ENV = "model", "env"
 # kinds of environment segments (a model segment's kind is its turn's action, an ActionKind value)
 OBSERVATION, NOTICE, BACKTRACK_NOTE, SUMMARY_NOTE = "observation", "notice", "backtrack_note", "summary_note"
@@ -49,7 +51,8 @@ class Trajectory:
     text: str = ""
     answer: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
-    num_searches: int = 0
+    num_searches: int = 0  # calls of retrieval tools (a tag dialect's search action with several queries is one)
+    tool_calls: dict[str, int] = field(default_factory=dict)  # calls of every other tool, by name
     num_turns: int = 0
     finish_reason: str = ""
     question: str = ""
@@ -108,6 +111,10 @@ class Trajectory:
                 return seg.parent
         return None
 
+    def __post_init__(self) -> None:
+        # the per-rollout tools' state (a class tool's instance), by the tool's state_key: not a field, not recorded
+        self.tool_states: dict[Any, Any] = {}
+
     def event(self, type_: str, **data: Any) -> None:
         ev = {"type": type_, "turn": self.num_turns, **data}
         self.events.append(ev)
@@ -131,21 +138,3 @@ class Trajectory:
     @property
     def env_tokens(self) -> int:
         return len(self.env_mask) - sum(self.env_mask)
-
-
-def search_outcomes(events: list[dict[str, Any]]) -> tuple[int, int]:
-    """``(failed, carried out)`` search queries of a trajectory's events: the measure of a broken search target that
-    evaluation and training stop on. A search call that failed whole is one ``search_failed`` error naming its
-    queries; a call that was answered is a ``search`` event, and a query of it that failed alone also has an error
-    (``partial``). A search the rollout never ran (the turn limit came first) counts in neither."""
-    failed = attempted = 0
-    for e in events:
-        if e.get("type") == "search":
-            attempted += len(e.get("queries") or [None])
-        elif e.get("type") == "error" and e.get("kind") == "search_failed":
-            n = len(e.get("queries") or [None])
-            failed += n
-            if not e.get("partial"):
-                attempted += n
-    return failed, attempted
-

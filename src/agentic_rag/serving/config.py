@@ -43,6 +43,7 @@ from ..settings import (
     section,
     setting,
 )
+from ..tools.settings import tools_setting
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class ServerSection:
 class ServeConfig:
     model: ModelSection = section(ModelSection)
     search: SearchSettings = section(SearchSettings)
+    tools: list[str | dict] = tools_setting()
     rollout: RolloutSettings = section(RolloutSettings)
     prompt: PromptSettings = section(PromptSettings)
     server: ServerSection = section(ServerSection)

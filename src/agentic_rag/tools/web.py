@@ -15,10 +15,15 @@ from typing import Any
 
 from ..search.client import http_client
 from ..search.types import Hit, SearchError
-from .base import ToolResult
+from .base import QUERY_PARAMETERS, ToolResult
 
 
 class WebSearchTool:
+    retrieves = True  # its calls are searches
+    parameters = QUERY_PARAMETERS
+    max_calls = None  # a search: rollout.max_searches limits it
+    max_observation_tokens = None  # rollout.max_observation_tokens
+
     def __init__(self, url: str, *, name: str = "web_search", method: str = "GET", query_param: str = "q",
                  count_param: str | None = "count", results_path: Sequence[str] = ("results",),
                  title_field: str = "title", text_field: str = "snippet", url_field: str = "url",

@@ -32,6 +32,7 @@ from ..rewards.registry import judge_fallback_names, reward_names, reward_params
 from ..rollout.settings import PromptSettings, RolloutSettings, SamplingSettings
 from ..search.settings import SearchSettings, is_url
 from ..settings import Loaded, SettingsError, load, section, setting
+from ..tools.settings import tools_setting
 from .algorithms import DEFAULT_ALGORITHM, algorithm_names, get_preset
 from .launch_checks import branching_actions, launch_from_env, launch_problems, local_model_config, tree_mask_problems
 from .machine import CPU_AUTOCAST
@@ -282,6 +283,7 @@ class ExperimentConfig:
     model: ModelConfig = section(ModelConfig)
     data: DataConfig = section(DataConfig)
     search: SearchSettings = section(SearchSettings)
+    tools: list[str | dict] = tools_setting()
     rollout: RolloutSettings = section(RolloutSettings)
     prompt: PromptSettings = section(PromptSettings)
     sampling: SamplingSettings = section(SamplingSettings)

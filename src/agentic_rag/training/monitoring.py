@@ -30,6 +30,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ..rollout.events import search_queries
 from .config import LoggingConfig
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def render_table(trajs: Sequence[Any], rewards: Sequence[Sequence[float | None]]
         head += ["reward", *names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, t in enumerate(trajs):
-        queries = [q for e in t.events if e["type"] == "search" for q in e.get("queries", [])]
+        queries = search_queries(t.events)
         row = [cell(t.question), cell(t.answer), str(t.finish_reason), str(t.num_searches), cell("; ".join(queries))]
         if rewards is not None:
             scores = list(rewards[i])

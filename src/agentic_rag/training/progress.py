@@ -29,6 +29,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ..rollout.events import search_queries
+
 ACCURACY_KEYS = ("rewards/em/mean", "rewards/f1/mean", "rewards/cover_em_tokens/mean", "rewards/cover_em/mean",
                  "rewards/judge/mean", "rewards/choice/mean")
 
@@ -138,7 +140,7 @@ class ValidationEval(TrainerCallback):
         folder.mkdir(exist_ok=True)
         lines = []
         for t, r in zip(trajs, self.rows, strict=True):
-            queries = [q for e in t.events if e.get("type") == "search" for q in e.get("queries", [])]
+            queries = search_queries(t.events)
             lines.append(json.dumps({"question": r["question"], "kind": r["kind"], "gold": r["answers"],
                                      "answer": t.answer, "queries": queries, "finish_reason": t.finish_reason,
                                      "em": exact_match(t.answer, r["answers"]) if t.answer is not None else 0.0},

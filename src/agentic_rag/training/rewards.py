@@ -29,6 +29,7 @@ from ..rewards.curriculum import Curriculum
 from ..rewards.format import check_format, open_at_prompt_end
 from ..rewards.rag import LLMEndpoint, RetrievalQuality, contexts_from_events
 from ..rewards.registry import compare_fn, get_scorer, judge_fallback_names
+from ..rollout.events import search_events, searched_with_hits
 from ..rollout.protocol import get_dialect
 from .config import ExperimentConfig, RewardSpec, overlong_bounds
 
@@ -117,13 +118,13 @@ class RetrievedReward(_Named):
 
 
 def retrieved(t: dict[str, Any]) -> bool:
-    return any(e.get("type") == "search" and any(r.get("hits") for r in e.get("results", [])) for e in t["events"])
+    return searched_with_hits(t["events"])
 
 
 def search_calls(t: dict[str, Any]) -> int:
     """Retrieval calls the searcher ran (``search`` events), whether or not they found anything; a search
     refused past the limit, with an empty query or whose tool call failed outright is not one."""
-    return sum(1 for e in t["events"] if e.get("type") == "search")
+    return len(search_events(t["events"]))
 
 
 class RagasReward(_Named):

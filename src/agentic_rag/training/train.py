@@ -341,7 +341,7 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
     from ..models import load_tokenizer
     from ..search import open_searcher
     from ..search.probe import probe
-    from ..tools import SearchTool
+    from ..tools.build import build_tools
     from .monitoring import CollapseGuard, SampleTrajectories, init_swanlab, watch_hint
     from .progress import ProgressLine, ValidationEval
     from .rewards import build_rewards
@@ -366,6 +366,8 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
     probe(searcher, cfg.search.index)  # a dead search target stops the run here, before the model loads
+    # every tool of the tools: section, built (and a broken one refused) before the model loads
+    tools = build_tools(cfg.tools, searcher=searcher)
     dataset = Dataset.from_list(rows)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
     reward_funcs, weights = build_rewards(cfg, eos_tokens)
@@ -395,7 +397,7 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
 
     trainer = AgenticGRPOTrainer(
         model, tokenizer=tokenizer, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
-        tools=SearchTool(searcher), settings=cfg.rollout, prompt=cfg.prompt, algorithm=cfg.algorithm.name,
+        tools=tools, tool_specs=cfg.tools, settings=cfg.rollout, prompt=cfg.prompt, algorithm=cfg.algorithm.name,
         max_batch_size=cfg.sampling.max_batch_size, shuffle_rewards=cfg.algorithm.shuffle_rewards,
         dynamic_sampling=cfg.algorithm.dynamic_sampling, max_extra_rollouts=cfg.algorithm.max_extra_rollouts,
         max_search_failure_rate=cfg.search.max_failure_rate, search_timeout_s=cfg.search.timeout_s,

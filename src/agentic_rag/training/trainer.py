@@ -66,6 +66,7 @@ from trl.models import unwrap_model_for_generation
 from ..data.prompts import build_prompt
 from ..rollout import AgentRollout, HFPolicy, SamplingParams
 from ..rollout.branching import answer_branches
+from ..rollout.engine import tool_schemas
 from ..rollout.settings import PromptSettings, RolloutSettings
 from ..rollout.trained_settings import resolved_prompt, write_settings
 from ..rollout.trajectory import ENV, MODEL, Trajectory, search_outcomes
@@ -103,6 +104,7 @@ class AgentSettings:
     max_search_failure_rate: float = 0.05  # the run stops when more of its searches fail (.search_failures)
     search_timeout_s: float = 30.0  # one batch tool call
     answer_branching: bool = False  # a group is one greedy trunk's answers (see _branched_rollouts)
+    tool_specs: list | None = None  # the tools: list the tools were built from (recorded with the adapter)
 
 
 def save_trained_settings(agent: AgentSettings, tokenizer: Any, directory: str | os.PathLike) -> Path:
@@ -110,7 +112,7 @@ def save_trained_settings(agent: AgentSettings, tokenizer: Any, directory: str |
     prompt exactly as the rollouts built it (the system prompt written out, the chat template as the tokenizer
     resolved "when it has one")."""
     prompt = resolved_prompt(agent.prompt, agent.settings.dialect, tokenizer)
-    return write_settings(directory, agent.settings, prompt, written_by="grpo")
+    return write_settings(directory, agent.settings, prompt, written_by="grpo", tools=agent.tool_specs)
 
 
 class AgenticGRPOTrainer(GRPOTrainer):
@@ -121,7 +123,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                  algorithm: str = DEFAULT_ALGORITHM, max_batch_size: int | None = None, processors=(),
                  shuffle_rewards: bool = False, dynamic_sampling: bool | None = None,
                  max_extra_rollouts: int | None = None, max_search_failure_rate: float = 0.05,
-                 search_timeout_s: float = 30.0, answer_branching: bool = False, peft_config=None, callbacks=None):
+                 search_timeout_s: float = 30.0, answer_branching: bool = False, peft_config=None, callbacks=None,
+                 tool_specs: list | None = None):
         """``settings`` / ``prompt``: the config's ``rollout`` and ``prompt`` sections (defaults: a rollout within
         ``args.max_completion_length``), saved with every adapter."""
         preset = get_preset(algorithm)
@@ -155,7 +158,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                                    shuffle_rewards=shuffle_rewards, dynamic_sampling=bool(dynamic_sampling),
                                    max_extra_rollouts=per_generation if max_extra_rollouts is None
                                    else max_extra_rollouts, max_search_failure_rate=max_search_failure_rate,
-                                   search_timeout_s=search_timeout_s, answer_branching=answer_branching)
+                                   search_timeout_s=search_timeout_s, answer_branching=answer_branching,
+                                   tool_specs=tool_specs)
         self.search_failures = SearchFailures(max_search_failure_rate)  # over the run, all processes
         self._shuffle_step, self._shuffle_calls = -1, 0  # the shuffled-reward control's position (step, call)
         self._prompt_cache: dict[str, list[int]] = {}
@@ -183,7 +187,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
         if ids is None:
             a = self.agent
             ids = build_prompt(self.processing_class, question, a.settings.dialect, language=a.prompt.language,
-                               chat=a.prompt.chat_template, system=a.prompt.system_prompt or None)
+                               chat=a.prompt.chat_template, system=a.prompt.system_prompt or None,
+                               tools=tool_schemas(a.tools))
             self._prompt_cache[question] = ids
         return ids
 
