@@ -85,7 +85,7 @@ def searcher(wiki_index):
 
 def dotted(settings: dict) -> list[str]:
     """``{"max_batch": 4}`` -> ``["server.max_batch=4"]``: each setting's leaf name (its flag's) to its dotted one."""
-    names = {name.rsplit(".", 1)[1]: name for name in known_names(ServeConfig)}
+    names = {name.rsplit(".", 1)[1]: name for name in known_names(ServeConfig) if "." in name}
     return [f"{names[key]}={value}" for key, value in settings.items()]
 
 

@@ -266,3 +266,39 @@ def test_a_broken_tool_is_one_line_naming_it(tmp_path, case):
     assert expected in line and ("broken.py" in line or case in ("mcp_not_starting", "two_named_alike")), line
     with pytest.raises(ToolLoadError):
         build_tools(tools)
+
+
+def test_the_docs_tools_example_builds_and_calls_its_calculator(index_dir, smol):
+    """docs/tools.md's tools: section, as written, with a real index: the calculator it names answers its example."""
+    doc = (REPO / "docs" / "tools.md").read_text()
+    block = next(b for b in doc.split("```yaml")[1:] if "calculator.py" in b).split("```")[0]
+    specs = yaml.safe_load(block)["tools"]
+    assert specs == ["search", {"python": "examples/tools/calculator.py:calculate"}]
+    from agentic_rag.search import open_searcher
+
+    registry = build_tools(specs, searcher=open_searcher(index_dir), base_dir=REPO)
+    assert registry.names() == ["search", "calculate"]
+    t, _ = run(smol, registry, [call("calculate", expression="(1969 - 1889) * 12"), "<answer> 960 </answer>"])
+    assert tool_events(t.events)[0]["result"] == "960" and t.num_searches == 0 and t.answer == "960"
+
+
+def test_gold_trajectories_in_the_native_format(dev_questions, wiki_index, tmp_path, smol_tokenizer):
+    """`agentic-rag trajectories --dialect native`: each hop a <tool_call> the model writes (mask 1), its results in
+    the chat template's tool turn (mask 0), the tools recorded beside them for SFT."""
+    out = tmp_path / "gold.jsonl"
+    done = subprocess.run([sys.executable, "-m", "agentic_rag.cli", "trajectories", "--questions", str(dev_questions),
+                           "--index", str(wiki_index), "--tokenizer", "smollm2-135m-instruct", "--out", str(out),
+                           "--limit", "3", "--dialect", "native", "--max-tokens-per-turn", "64",
+                           "--max-completion-tokens", "1024"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    settings = json.loads(Path(f"{out}.settings.json").read_text())
+    assert settings["rollout"]["dialect"] == "native" and settings["tools"] == ["search"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3 and all(r["finish_reason"] == "answer" for r in records)
+    for r in records:
+        ids, mask = r["completion_ids"], r["env_mask"]
+        model = smol_tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        env = smol_tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if not m])
+        assert model.count("<tool_call>") == len(r["hop_queries"]) == env.count("<tool_response>")
+        assert all(json.dumps({"name": "search", "arguments": {"query": q}}) in model for q in r["hop_queries"])
+        assert "<tool_response>" not in model and "<tool_call>" not in env

@@ -94,6 +94,32 @@ def test_user_defined_tools_registered_by_name(qwen_tokenizer):
     (t,) = AgentRollout(policy, tok, registry, dialect=dialect).run([build_prompt(tok, "Math?")])
     assert "<observation>\n42\n</observation>" in t.text and t.answer == "42"
     assert "</calc>" in dialect.stop_strings
+    # a calculator is not a search: its own count, its own event, the search limit untouched
+    assert t.num_searches == 0 and t.tool_calls == {"calculator": 1}
+    assert [e["tool"] for e in t.events if e["type"] == "tool"] == ["calculator"]
+
+
+def test_a_typed_tool_under_its_own_tag_in_a_tag_dialect(qwen_tokenizer):
+    """A typed Python tool mapped to a tag: the tag's content is its one argument; a bad one is an error result."""
+    from agentic_rag.tools.python import PythonTool
+
+    def calculate(expression: str) -> str:
+        """Evaluate.
+
+        Args:
+            expression: The arithmetic.
+        """
+        return str(eval(expression, {"__builtins__": {}}))  # noqa: S307
+
+    dialect = agentic_dialect()
+    dialect.tool_tags.append(ToolTag("<calc>", "</calc>", "calculate"))
+    tok = qwen_tokenizer
+    policy = ScriptedPolicy(tok, {"Math?": ["<calc>6 * 7</calc>", "<calc>1/0</calc>", "<answer>42</answer>"]})
+    (t,) = AgentRollout(policy, tok, ToolRegistry([PythonTool(calculate)]), dialect=dialect).run(
+        [build_prompt(tok, "Math?")])
+    assert "<observation>\n42\n</observation>" in t.text and t.num_searches == 0
+    assert [e["kind"] for e in t.events if e["type"] == "error"] == ["tool_failed"]
+    assert t.tool_calls == {"calculate": 2} and t.answer == "42"
 
 
 def test_document_search_over_a_local_index_and_over_http(wiki_index, qwen_tokenizer):

@@ -47,6 +47,7 @@ from ..data.questions import QARow, prompt_question, read_questions
 from ..errors import SearchFailuresError
 from ..jsonl import FileFormatError, parse_line
 from ..outputs import atomic_write_text, check_apart, claim_dir, mark_dir, output_lock
+from ..rollout.events import calls_by_tool, failures_by_tool
 from ..rollout.trajectory import search_outcomes
 from .config import EvalConfig, EvalConfigError, config_to_dict
 from .metrics import example_metrics, is_well_formed, summarize
@@ -284,6 +285,7 @@ def _record(row: QARow, traj, metrics: list[str], latency: float, verdict,
         "finish_reason": traj.finish_reason, "num_searches": traj.num_searches, "num_turns": traj.num_turns,
         "queries": _queries(traj),
         "search_errors": failed, "searches_made": made,
+        "tool_calls": dict(calls_by_tool(traj.events)), "tool_failures": dict(failures_by_tool(traj.events)),
         "latency_s": round(latency, 4), "completion_tokens": len(traj.completion_ids),
         "model_tokens": traj.model_tokens, "trajectory": traj.text,
         "meta": {k: row.meta[k] for k in META_KEYS if k in row.meta},
@@ -328,6 +330,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
         log.info("%d questions: %d already done in %s, %d to go", len(rows), len(rows) - len(pending), pred_path,
                  len(pending))
         started = time.perf_counter()
+        engine_stats: dict[str, dict[str, float]] = {}
         if pending:
             if "judge" in metrics and judge is None:
                 from ..rewards.judge import JudgeClient
@@ -382,6 +385,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                 close = getattr(policy, "close", None)
                 if owned and callable(close):
                     close()
+                engine_stats = engine.tool_stats
                 tools.close()
         if overwrite:
             finish_overwrite(out_dir)
@@ -402,6 +406,7 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
             summary.setdefault("judge", {})["this_session_calls"] = dataclasses.asdict(judge.stats)
         failures = search_failures(records, cfg)
         summary["search_failures"] = failures
+        summary["tools"] = tool_summary(records, engine_stats)
         atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
         if failures["over_threshold"]:
             raise SearchFailuresError(
@@ -411,6 +416,17 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                 f"--overwrite", summary)
         return summary
 
+
+
+def tool_summary(records: list[dict[str, Any]], stats: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per tool: answered calls and failed calls per question over the records, and this session's calls and
+    seconds spent in them (the engine's :attr:`~agentic_rag.rollout.engine.AgentRollout.tool_stats`)."""
+    names = sorted({n for r in records for n in (*r.get("tool_calls", {}), *r.get("tool_failures", {}))} | set(stats))
+    n = max(1, len(records))
+    return {name: {"calls_per_question": round(sum(r.get("tool_calls", {}).get(name, 0) for r in records) / n, 4),
+                   "failures": sum(r.get("tool_failures", {}).get(name, 0) for r in records),
+                   "this_session_calls": int(stats.get(name, {}).get("calls", 0)),
+                   "this_session_seconds": round(stats.get(name, {}).get("seconds", 0.0), 3)} for name in names}
 
 
 def search_failures(records: list[dict[str, Any]], cfg: EvalConfig) -> dict[str, Any]:

@@ -10,7 +10,9 @@ Each rule either holds or names what broke it:
    ``<|begin_of_documents|>``, ...).
 4. ``searches_in_bounds``: every search had a query, no search went past ``max_searches`` (the engine refuses
    it with a notice, a ``limit`` event, under ``on_search_limit="observe"``; a trajectory that then answers
-   well is still out of bounds), and the trajectory did not end on a search, turn or token limit.
+   well is still out of bounds), no other tool went past its ``max_calls``, every tool call could be read (no
+   ``malformed_call``: bad JSON, an unknown tool, wrong arguments), and the trajectory did not end on a search, turn
+   or token limit.
 5. ``nothing_after_answer``: only whitespace (and the end-of-sequence token) follows the answer.
 6. ``memory_used_correctly``: a backtrack follows a search step and says why; a summary follows at least
    one observation and is not empty. Writing ``<backtrack></backtrack>`` earns nothing: memory actions are
@@ -112,8 +114,12 @@ def check_format(model_text: str, events: Sequence[dict[str, Any]], finish_reaso
         report.violations["searches_in_bounds"] = f"ended on the {finish_reason} limit"
     elif any(e.get("type") == "limit" and e.get("name") == "max_searches" for e in events):
         report.violations["searches_in_bounds"] = "searched past max_searches"
+    elif any(e.get("type") == "limit" and e.get("name") == "max_calls" for e in events):
+        report.violations["searches_in_bounds"] = "called a tool past its max_calls"
     elif any(e.get("type") == "error" and e.get("kind") == "empty_query" for e in events):
         report.violations["searches_in_bounds"] = "a search without a query"
+    elif any(e.get("type") == "error" and e.get("kind") == "malformed_call" for e in events):
+        report.violations["searches_in_bounds"] = "a malformed tool call"
 
     searched = False
     observed = False

@@ -121,7 +121,7 @@ def as_registry(tools: ToolRegistry | Tool | Searcher | None) -> ToolRegistry:
         return ToolRegistry()
     if isinstance(tools, ToolRegistry):
         return tools
-    if callable(getattr(tools, "batch", None)) and hasattr(tools, "name"):
+    if (callable(getattr(tools, "batch", None)) or is_argument_tool(tools)) and hasattr(tools, "name"):
         return ToolRegistry([tools])
     if callable(getattr(tools, "batch_search", None)):
         return ToolRegistry([SearchTool(tools)])
@@ -681,7 +681,7 @@ class AgentRollout:
                 record: list[dict[str, Any]], shown: set[str]) -> None:
         """The events of a call whose results were shown, ``kept`` characters of ``body`` of them: a search event
         with the passages as shown (see :meth:`_observe`), or a tool event."""
-        for query, result in zip(call.queries, call.results, strict=False):
+        for query, result in zip(() if call.arguments_call else call.queries, call.results, strict=False):
             if isinstance(result, ToolError):  # this query failed, the others of the batch were answered
                 kind = "search_failed" if call.retrieves else "tool_failed"
                 extra = {"queries": [query], "partial": True} if call.retrieves else {"tool": call.tool}

@@ -70,6 +70,8 @@ class ChatAgent:
     search_timeout_s: float = 30.0
     context_length: int | None = None  # the model's maximum positions, when it says
     info: dict[str, Any] = field(default_factory=dict)
+    tool_specs: list | None = None  # the config's tools: (None: [search])
+    _tools: Any = field(default=None, repr=False)
 
     @property
     def dialect(self) -> Dialect:
@@ -89,6 +91,10 @@ class ChatAgent:
             searcher = open_searcher(config.search.index, config.search.retriever,
                                      cache_size=config.search.cache_size, timeout=config.search.timeout_s)
             probe(searcher, config.search.index)
+        from ..tools.build import build_tools
+
+        # every tool of the tools: section, before the model loads (a broken one stops the server here)
+        tools = build_tools(config.tools, searcher=None if searcher is None else PublicSearchErrors(searcher))
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(m.model)
         context = None
         if policy is None:
@@ -106,9 +112,21 @@ class ChatAgent:
                 "retriever": None if is_url(config.search.index) else config.search.retriever,  # a server: its own
                 "dialect": r.dialect,
                 "system_prompt": config.prompt.system_prompt or None, "chat_template": config.prompt.chat_template}
-        return cls(policy, tokenizer, searcher, r, config.prompt, config.search.timeout_s, context, info)
+        info["tools"] = tools.names()
+        info["client_tools"] = get_dialect(r.dialect).native  # whether a request may declare tools of its own
+        return cls(policy, tokenizer, searcher, r, config.prompt, config.search.timeout_s, context, info,
+                   tool_specs=list(config.tools), _tools=tools)
 
     def engine(self) -> AgentRollout:
-        searcher = None if self.searcher is None else PublicSearchErrors(self.searcher)
-        return AgentRollout(self.policy, self.tokenizer, searcher, self.settings,
+        return AgentRollout(self.policy, self.tokenizer, self.tools, self.settings,
                             search_timeout_s=self.search_timeout_s)
+
+    @property
+    def tools(self) -> Any:
+        """The agent's tools (the config's ``tools:``, built once; search errors as a client may see them)."""
+        if self._tools is None:
+            from ..tools.build import build_tools
+
+            searcher = None if self.searcher is None else PublicSearchErrors(self.searcher)
+            self._tools = build_tools(self.tool_specs, searcher=searcher)
+        return self._tools

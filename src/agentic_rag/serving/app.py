@@ -4,7 +4,9 @@
 bounded queue) behind FastAPI. The request path: authorise (bearer token, when configured; before a byte of the
 body is read) -> read the body (:class:`~agentic_rag.http_guard.BodyGuard`: at most :func:`max_body_bytes`, else
 413, and within ``client_timeout_s``, else 408) -> parse and check it (:mod:`.schema`; any problem is a 4xx with a
-reason, never a 5xx) -> build the prompt ids off the event loop -> queue the job (full queue: 429 + Retry-After) ->
+reason, never a 5xx) -> build the prompt ids off the event loop (the server's tools and the client's listed in the
+native dialect; :mod:`.conversation`) and the forced opening of a ``tool_choice`` call (:mod:`.client_tools`) -> queue
+the job (full queue: 429 + Retry-After) ->
 answer as one JSON body or as server-sent events, both made by one :class:`~.replies.ReplyWriter` per request (the
 app passes the engine's output through; it holds no reply text logic). A connection whose request head has not
 arrived within ``client_timeout_s`` is closed (:mod:`agentic_rag.http_guard`).
@@ -84,6 +86,8 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
     token = config.server.api_token.encode()
     body_limit = max_body_bytes(config)
     started = time.time()
+    server_tools = agent.tools.names()
+    server_schemas = agent.tools.schemas()  # listed with the client's tools in the native dialect
     drain = Drain(config.server.shutdown_grace_s, "chat server")
 
     async def lifespan(app: FastAPI):
@@ -172,27 +176,38 @@ def create_app(agent: ChatAgent, config: ServeConfig) -> FastAPI:
         if drain.draining:  # a reply would not be done before the process exits: let the client go elsewhere now
             drain.refuse()
             raise shutting_down()
-        req = check_request(parse_request(await _read_json(request, body_limit)), config)
+        req = check_request(parse_request(await _read_json(request, body_limit)), config,
+                            dialect=agent.settings.dialect, server_tools=server_tools)
+        listed = server_schemas + req.tools.listed if agent.dialect.native else None
         try:
             ids = await asyncio.to_thread(prompt_ids, agent.tokenizer, req.messages, agent.settings.dialect,
-                                          agent.prompt)
+                                          agent.prompt, tools=listed)
+        except APIError:
+            raise
         except Exception as exc:  # noqa: BLE001 - text the tokenizer or the chat template refuses is bad input
             raise bad_request(f"the messages cannot be templated and tokenized: {type(exc).__name__}: "
                               f"{str(exc)[:200]}", "messages") from None
         req = _fit_context(len(ids), req, config, agent.context_length)
+        forced = req.tools.forced_ids(agent.tokenizer)
+        room = min(req.sampling.max_tokens, agent.settings.max_tokens_per_turn)
+        if forced and len(forced) >= room:
+            raise bad_request(f"the tool call that tool_choice makes the server open is {len(forced)} tokens, and the "
+                              f"reply may have {room}: ask for a larger max_tokens", "max_tokens")
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
 
         def sink(kind: str, payload: Any) -> None:
             loop.call_soon_threadsafe(inbox.put_nowait, (kind, payload))
 
-        job = Job(ids, req.question, req.sampling, sink, stream=req.stream)
+        job = Job(ids, req.question, req.sampling, sink, stream=req.stream, client_tools=req.tools.handed_over,
+                  forced=forced, single_turn=req.tools.single_turn)
         try:
             scheduler.submit(job)
         except QueueFull as exc:
             raise APIError(429, f"{exc}; the server is at capacity", code="queue_full",
                            headers={"Retry-After": str(exc.retry_after_s)}) from None
-        reply = ReplyWriter(model_id, agent.tokenizer, agent.dialect, include_usage=req.include_usage)
+        reply = ReplyWriter(model_id, agent.tokenizer, agent.dialect, include_usage=req.include_usage,
+                            tools=req.tools, forced=forced)
         if req.stream:
             return _JobStream(_stream(job, inbox, reply, drain), job)
         return await _wait(request, job, inbox, reply, drain)

@@ -2,11 +2,13 @@
 
 Requests from the HTTP side become :class:`Job` s in a FIFO queue bounded by ``queue_size`` (one more is
 refused with :class:`QueueFull`, which the app answers 429 with Retry-After). The worker takes the oldest
-job plus every other waiting job with the same :class:`~.schema.Sampling` (temperature, top_p, max_tokens),
-up to ``max_batch``, and runs them together through one :meth:`AgentRollout.run`: one KV cache, searches of
-the batch in one call. Grouping by sampling settings is how each request's settings are honoured exactly
-(the decoder samples a batch with one setting); a job that does not match waits at most one run, since
-the next run starts from the then-oldest job.
+job plus every other waiting job with the same :attr:`Job.batch_key` - its :class:`~.schema.Sampling` (temperature,
+top_p, max_tokens), the names of the client's tools whose calls end the run, and whether it runs one turn only (a
+forced tool call) - up to ``max_batch``, and runs them together through one :meth:`AgentRollout.run`: one KV cache,
+searches of the batch in one call, each job's forced opening (``forced``) in front of its first turn. Grouping is how
+each request's settings are honoured exactly (the decoder samples a batch with one setting, the engine hands over the
+calls of one set of client tools); a job that does not match waits at most one run, since the next run starts from
+the then-oldest job.
 
 Streaming rides on :class:`RolloutHooks`: every token the model writes and every event (search with its
 queries and hits, observation, finish) is pushed to the job's ``sink`` as it happens; ``cancelled`` tells the
@@ -57,11 +59,19 @@ class Job:
     sampling: Sampling
     sink: Callable[[str, Any], None]
     stream: bool = False
+    client_tools: frozenset[str] = frozenset()  # tools whose calls end the run and go to the client
+    forced: list[int] = field(default_factory=list)  # ids that open the first turn (a forced tool call)
+    single_turn: bool = False  # the run ends after the first model turn (a forced tool call is the reply)
     id: int = field(default_factory=lambda: next(_ids))
     cancel_event: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     finished_at: float | None = None
+
+    @property
+    def batch_key(self) -> tuple[Sampling, frozenset[str], bool]:
+        """What the jobs of one engine run share."""
+        return self.sampling, self.client_tools, self.single_turn
 
     def cancel(self) -> None:
         """The client went away: the job leaves the queue, or its trajectory ends at the next step."""
@@ -175,7 +185,7 @@ class Scheduler:
             batch, rest = [first], collections.deque()
             while self._queue:
                 j = self._queue.popleft()
-                (batch if len(batch) < self.max_batch and j.sampling == first.sampling else rest).append(j)
+                (batch if len(batch) < self.max_batch and j.batch_key == first.batch_key else rest).append(j)
             self._queue = rest
             self._running = batch
             return batch
@@ -192,8 +202,7 @@ class Scheduler:
                     self._running = []
 
     def _run(self, batch: list[Job]) -> None:
-        s = batch[0].sampling
-        self._configure(s)
+        self._configure(batch[0])
         now = time.monotonic()
         for j in batch:
             j.started_at = now
@@ -203,7 +212,8 @@ class Scheduler:
             cancelled=lambda i: batch[i].cancelled)
         t0 = time.monotonic()
         try:
-            trajs = self.engine.run([j.prompt_ids for j in batch], [j.question for j in batch], hooks)
+            forced = {"forced": [j.forced for j in batch]} if any(j.forced for j in batch) else {}
+            trajs = self.engine.run([j.prompt_ids for j in batch], [j.question for j in batch], hooks, **forced)
         except Exception as exc:  # noqa: BLE001 - the engine failed: every job of the run gets the error
             log.exception("engine run of %d request(s) failed", len(batch))
             with self._cond:
@@ -224,9 +234,10 @@ class Scheduler:
             j.finished_at = time.monotonic()
             _send(j, "done", t)
 
-    def _configure(self, s: Sampling) -> None:
-        """Point the engine's policy and rollout settings at this run's (a request's max_tokens is its completion
-        budget; one worker: no race)."""
+    def _configure(self, job: Job) -> None:
+        """Point the engine's policy, rollout settings and client tools at this run's, which ``job`` shares with the
+        others of the run (a request's max_tokens is its completion budget; one worker: no race)."""
+        s = job.sampling
         policy = self.engine.policy
         if hasattr(policy, "sampling"):
             greedy = s.temperature == 0
@@ -234,7 +245,9 @@ class Scheduler:
                                              do_sample=not greedy)
         base = self.base_settings
         self.engine.settings = replace(base, max_completion_tokens=s.max_tokens,
-                                       max_tokens_per_turn=min(base.max_tokens_per_turn, s.max_tokens))
+                                       max_tokens_per_turn=min(base.max_tokens_per_turn, s.max_tokens),
+                                       max_turns=1 if job.single_turn else base.max_turns)
+        self.engine.client_tools = job.client_tools
         self.engine.min_turn_tokens = min(MIN_TURN_TOKENS, s.max_tokens)
 
     def describe(self) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""The OpenAI chat-completions request, its checks, and the errors the server answers with.
+"""The OpenAI chat-completions request and its checks.
 
 A request body is parsed in two steps: pydantic checks the shape and the types strictly (:class:`ChatCompletionRequest`:
 a count must be a JSON integer and a flag a JSON boolean; ``"5"``, ``true`` or ``5.0`` for ``max_tokens`` is refused
 naming what came, never read as a number),
-then :func:`check_request` checks the meaning against the server's limits (roles and their order, sizes,
-ranges, the model id) and returns a :class:`ChatRequest` with every default filled in. Every failure is an
-:class:`APIError` carrying the HTTP status and a reason, answered in OpenAI's error shape::
+then :func:`check_request` checks the meaning against the server's limits (the conversation's roles, order and sizes in
+:mod:`.messages`; the client's ``tools`` and ``tool_choice`` in :mod:`.client_tools`; ranges, the model id here) and
+returns a :class:`ChatRequest` with every default filled in. Every failure is an :class:`~.errors.APIError` carrying
+the HTTP status and a reason, answered in OpenAI's error shape::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "temperature", "code": null}}
 
@@ -16,35 +17,20 @@ Retry-After) when the queue is full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from ..rollout.protocol import get_dialect
+from .client_tools import ToolPlan, plan_tools
 from .config import ServeConfig
+from .errors import APIError, bad_request
+from .messages import normalise_messages
 
-ROLES = ("system", "developer", "user", "assistant")
-UNSUPPORTED_ROLES = ("tool", "function")
-
-
-class APIError(Exception):
-    """An error answered to the client: status, reason, and the offending parameter when there is one."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.kind = kind or {401: "authentication_error", 404: "invalid_request_error",
-                             429: "rate_limit_error"}.get(status, "invalid_request_error" if status < 500
-                                                          else "server_error")
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param=param)
+__all__ = ["APIError", "ChatCompletionRequest", "ChatRequest", "Message", "Sampling", "ToolDef", "bad_request",
+           "check_request", "parse_request"]
 
 
 class ContentPart(BaseModel):
@@ -53,10 +39,43 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    """A call's function as an assistant message carries it back: the name, and the arguments as the JSON string the
+    server gave (an object is taken too)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant message: the client's tools it called
+    tool_call_id: str | None = None  # a tool message: the call whose result it is
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(BaseModel):
+    """A tool the client declares (OpenAI's function tool); :mod:`.client_tools` checks what it means."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    function: FunctionDef
 
 
 StrictNumber = Annotated[float, Field(strict=True)]  # a JSON number (an integer too), not a string or a boolean
@@ -69,7 +88,8 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """The fields the server reads; any other OpenAI field is accepted and ignored unless it is one the
-    server cannot honour (``n`` > 1, ``stop``, ``tools``, ``logprobs``), which is refused."""
+    server cannot honour (``n`` > 1, ``stop``, ``logprobs``; ``tools`` when the model speaks a tag dialect), which is
+    refused."""
 
     model_config = ConfigDict(extra="allow")
     model: str
@@ -82,7 +102,8 @@ class ChatCompletionRequest(BaseModel):
     top_p: StrictNumber | None = None
     n: StrictInt | None = None
     stop: str | list[str] | None = None
-    tools: list[Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     logprobs: StrictBool | None = None
 
 
@@ -100,15 +121,17 @@ class ChatRequest:
     """A request that passed every check, with the server's defaults filled in."""
 
     model: str
-    messages: list[dict[str, str]]  # roles system/user/assistant, content as text
+    messages: list[dict[str, Any]]  # as the chat template takes them (:func:`~.messages.normalise_messages`)
     sampling: Sampling
     stream: bool
     include_usage: bool
     max_tokens_given: bool = False  # the client asked for max_tokens (else the server's default, cut to fit)
+    tools: ToolPlan = field(default_factory=ToolPlan)  # the client's tools and tool_choice
 
     @property
     def question(self) -> str:
-        return self.messages[-1]["content"]
+        """The last user message: the trajectory's question, and what per-rollout tools are reset with."""
+        return next(m["content"] for m in reversed(self.messages) if m["role"] == "user")
 
 
 STRICT_TYPE_ERRORS = ("int_type", "bool_type", "float_type", "string_type")
@@ -145,33 +168,24 @@ def parse_request(data: Any) -> ChatCompletionRequest:
         raise bad_request("; ".join(dict.fromkeys(reasons)), params[0] if params else None) from None
 
 
-def _text(content: str | list[ContentPart] | None, i: int) -> str:
-    if content is None:
-        raise bad_request(f"messages[{i}].content is missing", f"messages[{i}].content")
-    if isinstance(content, str):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
-            raise bad_request(f"messages[{i}].content[{j}] is of type {part.type!r}; only text parts are supported",
-                              f"messages[{i}].content")
-        texts.append(part.text)
-    return "".join(texts)
-
-
-def check_request(req: ChatCompletionRequest, config: ServeConfig) -> ChatRequest:
-    """Meaning and limits; raises the first problem as an :class:`APIError`."""
+def check_request(req: ChatCompletionRequest, config: ServeConfig, *, dialect: str | None = None,
+                  server_tools: Sequence[str] = ()) -> ChatRequest:
+    """Meaning and limits; raises the first problem as an :class:`APIError`. ``dialect``: the served model's
+    (``config.rollout.dialect`` by default); only the native dialect takes the client's tools. ``server_tools``: the
+    names of the agent's own tools, which a client tool may not take."""
     if req.model != config.served_name:
         raise APIError(404, f"the model {req.model!r} does not exist; this server serves {config.served_name!r}",
                        param="model", code="model_not_found")
-    _check_messages_shape(req, config)
-    messages = _normalise(req, config)
+    dialect = dialect or config.rollout.dialect
+    native = get_dialect(dialect).native
+    refusal = None if native else (f"the served model speaks the {dialect} tag dialect and cannot call client tools "
+                                   "(serve an adapter trained with rollout.dialect: native for that)")
+    messages = normalise_messages(req.messages, config, refusal=refusal)
     if req.n not in (None, 1):
         raise bad_request(f"n must be 1 (one choice per request), got {req.n}", "n")
     if req.stop:
         raise bad_request("stop sequences are not supported: the agent stops at its own answer tag", "stop")
-    if req.tools:
-        raise bad_request("tools are not supported: the agent's only tool is its search", "tools")
+    tools = plan_tools(req.tools, req.tool_choice, refusal=refusal, server_tools=server_tools)
     if req.logprobs:
         raise bad_request("logprobs are not supported", "logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -191,52 +205,5 @@ def check_request(req: ChatCompletionRequest, config: ServeConfig) -> ChatReques
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
     return ChatRequest(req.model, messages, Sampling(float(temperature), float(top_p), int(max_tokens)),
                        req.stream, include_usage,
-                       max_tokens_given=req.max_completion_tokens is not None or req.max_tokens is not None)
-
-
-def _check_messages_shape(req: ChatCompletionRequest, config: ServeConfig) -> None:
-    if not req.messages:
-        raise bad_request("messages is empty: send at least one user message", "messages")
-    if len(req.messages) > config.server.max_messages:
-        raise bad_request(f"{len(req.messages)} messages; the limit is {config.server.max_messages}", "messages")
-    for i, m in enumerate(req.messages):
-        if m.role in UNSUPPORTED_ROLES:
-            raise bad_request(f"messages[{i}].role {m.role!r} is not supported (the server runs its own tools)",
-                              f"messages[{i}].role")
-        if m.role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.role!r}",
-                              f"messages[{i}].role")
-
-
-def _normalise(req: ChatCompletionRequest, config: ServeConfig) -> list[dict[str, str]]:
-    """Texts, sizes, and the order: an optional system message first, then user and assistant alternating,
-    beginning and ending with user."""
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(req.messages):
-        text = _text(m.content, i)
-        if len(text) > config.server.max_message_chars:
-            raise bad_request(f"messages[{i}].content is {len(text)} characters; the limit is "
-                              f"{config.server.max_message_chars}", f"messages[{i}].content")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad_request(f"messages[{i}].content is not valid Unicode (it holds a lone surrogate escape)",
-                              f"messages[{i}].content") from None
-        role: Literal["system", "user", "assistant"] = "system" if m.role == "developer" else m.role  # type: ignore
-        if role == "system" and i > 0:
-            raise bad_request(f"messages[{i}]: a system message may only come first", f"messages[{i}].role")
-        if role == "user" and not text.strip():
-            raise bad_request(f"messages[{i}].content is empty", f"messages[{i}].content")
-        out.append({"role": role, "content": text})
-    turns = out[1:] if out[0]["role"] == "system" else out
-    if not turns:
-        raise bad_request("messages has no user message", "messages")
-    for j, m in enumerate(turns):
-        expected = "user" if j % 2 == 0 else "assistant"
-        if m["role"] != expected:
-            i = j + (len(out) - len(turns))
-            raise bad_request(f"messages[{i}] is from {m['role']!r} but {expected!r} was expected: after an optional "
-                              "system message, user and assistant messages alternate", f"messages[{i}].role")
-    if turns[-1]["role"] != "user":
-        raise bad_request("the last message must be from the user", f"messages[{len(out) - 1}].role")
-    return out
+                       max_tokens_given=req.max_completion_tokens is not None or req.max_tokens is not None,
+                       tools=tools)

@@ -14,12 +14,16 @@ non-streamed one carry the same fields.
 
 :class:`ReplyText` is the one place the engine's output becomes a reply's text: it joins the two per model turn
 (a turn ends when the engine records an event: its search results follow) and settles the reply's ``content``
-when the trajectory ends. The streamed reply feeds it token by token, the non-streamed one a finished
+when the trajectory ends. In the native dialect :class:`CallHolder` holds a turn's text back from its first
+``<tool_call>`` on until the turn ends: a turn whose calls go to the client (the reply's ``tool_calls``) loses its call
+blocks, which the reply carries as calls, not text; any other turn's is released as reasoning, as a tag dialect's
+search is. The streamed reply feeds it token by token, the non-streamed one a finished
 trajectory's turns (:meth:`ReplyText.of_trajectory`); :mod:`.replies` wraps either in OpenAI's shapes.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -142,6 +146,48 @@ def split_text(text: str, answer_open: str = "<answer>", answer_close: str = "</
     return s.reasoning, s.content
 
 
+class CallHolder:
+    """Holds a native turn's text from its first ``<tool_call>`` on until the turn ends (see the module docstring);
+    inactive (text passes through) in the tag dialects."""
+
+    OPEN = "<tool_call>"
+    BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.S)
+
+    def __init__(self, active: bool):
+        self.active = active
+        self._buf = ""  # the held text, or a suffix that could still become the opening tag
+        self._holding = False
+
+    @property
+    def holding(self) -> bool:
+        """The turn wrote a call block, held until it is known whether its calls go to the client."""
+        return self._holding
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` that may be shown now."""
+        if not self.active:
+            return text
+        if self._holding:
+            self._buf += text
+            return ""
+        text, self._buf = self._buf + text, ""
+        at = text.find(self.OPEN)
+        if at >= 0:
+            self._holding, self._buf = True, text[at:]
+            return text[:at]
+        keep = _partial_suffix(text, self.OPEN)
+        self._buf = text[len(text) - keep:]
+        return text[:len(text) - keep]
+
+    def end_turn(self, drop_calls: bool = False) -> str:
+        """The held text, without its call blocks when ``drop_calls`` (whitespace left alone is dropped too)."""
+        rest, self._buf, self._holding = self._buf, "", False
+        if drop_calls:
+            rest = self.BLOCK.sub("", rest)
+            rest = rest if rest.strip() else ""
+        return rest
+
+
 class ReplyText:
     """One reply's ``reasoning`` and ``content``: model tokens -> text (:class:`IncrementalDecoder`) -> the two
     channels (:class:`AnswerSplitter`), turn by turn; every method returns the ``(channel, text)`` pieces that are
@@ -150,28 +196,34 @@ class ReplyText:
     def __init__(self, tokenizer: Any, dialect: Dialect):
         self.tokenizer = tokenizer
         self.splitter = AnswerSplitter(dialect.answer_open, dialect.answer_close)
+        self.calls = CallHolder(dialect.native)
         self._decoder = IncrementalDecoder(tokenizer)
-        self.content = ""  # the reply's content, settled by finish()
+        self.content: str | None = ""  # the reply's content, settled by finish() (None: the reply is tool calls)
 
     @property
     def reasoning(self) -> str:
         return self.splitter.reasoning
 
     def token(self, token_id: int) -> list[tuple[str, str]]:
-        text = self._decoder.push(token_id)
+        text = self.calls.feed(self._decoder.push(token_id))
         return self.splitter.feed(text) if text else []
 
-    def end_turn(self) -> list[tuple[str, str]]:
-        """The model's turn ended (the engine recorded an event)."""
-        pieces = self.splitter.feed(self._decoder.flush()) + self.splitter.end_turn()
+    def end_turn(self, drop_calls: bool = False) -> list[tuple[str, str]]:
+        """The model's turn ended (the engine recorded an event); ``drop_calls``: its calls go to the client."""
+        text = self.calls.feed(self._decoder.flush()) + self.calls.end_turn(drop_calls)
+        pieces = self.splitter.feed(text) + self.splitter.end_turn()
         self._decoder = IncrementalDecoder(self.tokenizer)
         return pieces
 
-    def finish(self, t: Trajectory) -> list[tuple[str, str]]:
-        """End the last turn and settle ``content``: the agent's answer; else what the model wrote after an
-        answer tag it never closed (already streamed as content); else its last turn, which is then sent now."""
-        pieces = self.end_turn()
+    def finish(self, t: Trajectory, calls: bool = False) -> list[tuple[str, str]]:
+        """End the last turn and settle ``content``: None when the reply is the client's tool ``calls`` (the turn's
+        call blocks are dropped from the text); else the agent's answer; else what the model wrote after an answer tag
+        it never closed (already streamed as content); else its last turn, which is then sent now."""
+        pieces = self.end_turn(drop_calls=calls)
         streamed = self.splitter.content
+        if calls:
+            self.content = None
+            return pieces
         if t.answer is not None:
             self.content = t.answer
         elif streamed:
@@ -184,13 +236,16 @@ class ReplyText:
         return pieces
 
     @classmethod
-    def of_trajectory(cls, tokenizer: Any, dialect: Dialect, t: Trajectory) -> ReplyText:
-        """The same text from a finished trajectory (each model turn decoded whole)."""
+    def of_trajectory(cls, tokenizer: Any, dialect: Dialect, t: Trajectory, calls: bool = False) -> ReplyText:
+        """The same text from a finished trajectory (each model turn decoded whole; the last one ended by
+        :meth:`finish`)."""
         text = cls(tokenizer, dialect)
-        for turn in model_turns(tokenizer, t):
-            text.splitter.feed(turn)
-            text.end_turn()
-        text.finish(t)
+        turns = model_turns(tokenizer, t)
+        for n, turn in enumerate(turns):
+            text.splitter.feed(text.calls.feed(turn))
+            if n < len(turns) - 1:
+                text.end_turn()
+        text.finish(t, calls)
         return text
 
 

@@ -56,7 +56,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
                           gradient_checkpointing=args.gradient_checkpointing,
                           group_by_length=args.group_by_length,
                           grad_accum=args.grad_accum, save_steps=args.save_steps, resume=args.resume,
-                          cpu_autocast=args.cpu_autocast, move_aside=args.move_aside)
+                          cpu_autocast=args.cpu_autocast, move_aside=args.move_aside, tools=saved.tools)
     print(json.dumps(summary))
     return 0
 

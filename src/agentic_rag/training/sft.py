@@ -239,7 +239,7 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
             max_length: int = 2048, seed: int = 42, report_to: list[str] | None = None, logging_steps: int = 1,
             gradient_checkpointing: bool = True, group_by_length: bool = False, grad_accum: int = 1,
             save_steps: int = 50, resume: bool | None = False, progress: bool = True,
-            cpu_autocast: str = "none", move_aside: bool = False) -> dict[str, Any]:
+            cpu_autocast: str = "none", move_aside: bool = False, tools: list | None = None) -> dict[str, Any]:
     """Fine-tune ``model`` on the trajectories of ``data`` and save to ``output_dir``: the LoRA adapter, or with
     ``merge`` the base model with the adapter merged in (a warm start GRPO puts a fresh adapter on), or with
     ``full`` every weight fine-tuned. ``model`` is any model name (:func:`agentic_rag.models.resolve_model`),
@@ -310,10 +310,14 @@ def run_sft(*, model: str, data: str, output_dir: str, rollout: RolloutSettings 
             save_model(trainer.model.merge_and_unload(), output_dir)
         else:
             trainer.save_model(output_dir)  # the LoRA adapter (PEFT)
-        trainer.processing_class.save_pretrained(output_dir)
         rollout = rollout or RolloutSettings()
+        if get_dialect(rollout.dialect).native:  # the tokenizer saved with the model carries its tool template
+            from ..rollout.native import prepare_tokenizer
+
+            prepare_tokenizer(trainer.processing_class, name=model)
+        trainer.processing_class.save_pretrained(output_dir)
         write_settings(output_dir, rollout, resolved_prompt(prompt or PromptSettings(), rollout.dialect,
-                                                            trainer.processing_class), written_by="sft")
+                                                            trainer.processing_class), written_by="sft", tools=tools)
         from .train import peak_rss_mb
 
         summary = {"examples": len(examples), "skipped_branched": skipped, "train_loss": result.training_loss,

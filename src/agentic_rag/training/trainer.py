@@ -66,7 +66,8 @@ from trl.models import unwrap_model_for_generation
 from ..data.prompts import build_prompt
 from ..rollout import AgentRollout, HFPolicy, SamplingParams
 from ..rollout.branching import answer_branches
-from ..rollout.engine import tool_schemas
+from ..rollout.engine import as_registry, tool_schemas
+from ..rollout.events import calls_by_tool, failures_by_tool
 from ..rollout.settings import PromptSettings, RolloutSettings
 from ..rollout.trained_settings import resolved_prompt, write_settings
 from ..rollout.trajectory import ENV, MODEL, Trajectory, search_outcomes
@@ -326,6 +327,15 @@ class AgenticGRPOTrainer(GRPOTrainer):
         reasons = Counter(t.finish_reason for t in trajs)
         for reason, n in reasons.items():
             self._metrics[mode][f"agentic/finish/{reason}"].append(n / len(trajs))
+        others = [name for name in as_registry(self.agent.tools).names() if name != "search"]
+        if others:  # every other tool's calls and failures, apart from the searches (the same names on every process)
+            counts = [(calls_by_tool(t.events), failures_by_tool(t.events)) for t in trajs]
+            per = torch.tensor([[c[n] for n in others] + [f[n] for n in others] for c, f in counts],
+                               dtype=torch.float32, device=device)
+            means = self.accelerator.gather(per).mean(0).tolist()
+            for k, name in enumerate(others):
+                self._metrics[mode][f"agentic/tools/{name}/calls_per_trajectory"].append(means[k])
+                self._metrics[mode][f"agentic/tools/{name}/failures_per_trajectory"].append(means[len(others) + k])
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """Train as TRL does; a resumed run takes up the search counts its checkpoint recorded."""
