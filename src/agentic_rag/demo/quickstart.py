@@ -68,9 +68,14 @@ SYSTEM_PROMPT = "Answer the question by searching."
 # as in both training configs (em 1.0, format 0.2), with evaluation's well_formed standing in for the format reward
 JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
 SFT_BATCHES = ("random", "by_length")
-# the native format spells a call as JSON (about 25 tokens in SmolLM2's vocabulary, against 8 for a search tag) and
-# its results come in the chat template's tool turn: the turns and the trajectory get the room that takes
-NATIVE_ROLLOUT = {"max_tokens_per_turn": 48, "max_completion_tokens": 320}
+
+
+def native_room(rollout) -> dict[str, int]:
+    """The rollout limits of the native format: it spells a call as JSON (about 25 tokens in SmolLM2's vocabulary,
+    against 8 for a search tag) and its results come in the chat template's tool turn (about 12 tokens of wrapper), so
+    each turn gets 24 more tokens and the trajectory 30 more a turn (the world task: 24 -> 48 and 200 -> 320)."""
+    return {"max_tokens_per_turn": rollout.max_tokens_per_turn + 24,
+            "max_completion_tokens": rollout.max_completion_tokens + 30 * rollout.max_turns}
 
 
 @dataclass
@@ -141,7 +146,7 @@ def _rollout(s: Settings):
     from ..training.config import load_config
 
     rollout = load_config(s.train_config, env={}, check_files=False).rollout
-    return dataclasses.replace(rollout, dialect=s.dialect, **(NATIVE_ROLLOUT if s.dialect == "native" else {}))
+    return dataclasses.replace(rollout, dialect=s.dialect, **(native_room(rollout) if s.dialect == "native" else {}))
 
 
 def _prompt(s: Settings, system_prompt: str | None = SYSTEM_PROMPT):
@@ -360,11 +365,15 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     base, adapter = models_of(s, sft_dir)
     sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.train_file,
             "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.index_dir, "checkpoint.output_dir": out,
-            "rollout.dialect": s.dialect, **{f"rollout.{k}": v for k, v in NATIVE_ROLLOUT.items()
-                                             if s.dialect == "native"},
+            "rollout.dialect": s.dialect,
             "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
+    if s.dialect == "native":
+        from ..training.config import load_config
+
+        room = native_room(load_config(s.train_config, env={}, check_files=False).rollout)
+        sets.update({f"rollout.{k}": v for k, v in room.items()})
     # each run logs to its own OUTPUT_DIR/swanlog: SwanLab's local store takes one writer at a time, and two
     # runs train at once; dashboard() gathers them into one afterwards
     if s.grpo_steps:

@@ -50,6 +50,7 @@ from .quickstart import (
     _done,
     _step,
     models_of,
+    native_room,
     prepare_model,
     train_run,
 )
@@ -111,9 +112,12 @@ class WikiSettings(Settings):
 
 
 def _rollout(s: WikiSettings):
+    import dataclasses
+
     from ..training.config import load_config
 
-    return load_config(s.train_config, env={}, check_files=False).rollout
+    rollout = load_config(s.train_config, env={}, check_files=False).rollout
+    return dataclasses.replace(rollout, dialect=s.dialect, **(native_room(rollout) if s.dialect == "native" else {}))
 
 
 def _prompt(s: WikiSettings, system_prompt: str | None = SYSTEM_PROMPT):
