@@ -204,7 +204,7 @@ def test_training_with_a_few_searches_a_batch_all_failing_ends_non_zero_with_the
     summary that counts the failures: the run's own entry point, its own searcher replaced by a dead one."""
     import torch
 
-    import agentic_rag.tools as tools
+    import agentic_rag.tools.build as tools  # where build_tools makes the search tool
     import agentic_rag.training.trainer as trainer_mod
     from agentic_rag.errors import SearchFailuresError
     from agentic_rag.models import load_tokenizer

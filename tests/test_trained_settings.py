@@ -332,7 +332,7 @@ def test_the_chat_server_serves_the_adapter_as_trained_unless_told_otherwise(tra
             f"the model was trained with ({settings_path})") in lines
     cfg, lines = parsed([*argv, "--max-searches", "2"], {})  # set to what it was trained with: nothing to say
     assert cfg.rollout == TRAINED_ROLLOUT
-    assert lines == [f"trained settings from {settings_path}: 12 taken, 0 overridden"]
+    assert lines == [f"trained settings from {settings_path}: 13 taken, 0 overridden"]
 
 
 # ------------------------------------------------------------------------------------------- readers
@@ -427,6 +427,6 @@ def test_the_served_adapter_uses_its_settings_and_the_default_length_fits_the_co
         assert "512" in message and f"at most {512 - len(prompt)}" in message, message
     text = log.read_text()
     path = short_adapter_dir / SETTINGS_FILE
-    assert f"trained settings from {path}: 13 taken, 1 overridden" in text, text
+    assert f"trained settings from {path}: 12 taken, 1 overridden" in text, text
     assert (f"rollout.passages_per_search = 2 (--set rollout.passages_per_search) overrides the 1 the model was "
             f"trained with ({path})") in text, text
