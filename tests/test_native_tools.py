@@ -302,3 +302,15 @@ def test_gold_trajectories_in_the_native_format(dev_questions, wiki_index, tmp_p
         assert model.count("<tool_call>") == len(r["hop_queries"]) == env.count("<tool_response>")
         assert all(json.dumps({"name": "search", "arguments": {"query": q}}) in model for q in r["hop_queries"])
         assert "<tool_response>" not in model and "<tool_call>" not in env
+
+
+def test_evaluation_refuses_a_broken_tool_before_the_model_loads(tmp_path, index_dir, dev_questions):
+    (tmp_path / "broken.py").write_text("def f(x):\n    return x\n")
+    done = subprocess.run([sys.executable, "-m", "agentic_rag.cli", "eval", "--model", "smollm2-135m-instruct",
+                           "--questions", str(dev_questions), "--index", str(index_dir), "--out", str(tmp_path / "ev"),
+                           "--set", f"tools=[search, {{python: {tmp_path / 'broken.py'}:f}}]"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "python tool" in last and "broken.py:f" in last and "no JSON schema" in last
+    assert "loaded model" not in done.stderr and "Loading weights" not in done.stderr

@@ -346,20 +346,28 @@ def run_evaluation(cfg: EvalConfig, *, policy: Any = None, tokenizer: Any = None
                 searcher = build_searcher(cfg)
                 if searcher is not None:
                     probe_searcher(searcher, cfg.search.index)  # a dead search target stops the run here, not later
-            tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
-            if policy is None and cfg.policy.type == "local":  # every question fits the model, before it loads
-                p = cfg.prompt
-                system = mode_system_prompt(cfg.mode, get_dialect(cfg.rollout.dialect), p.language, p.system_prompt)
-                check_prompt_lengths(((r.id, user_message(prompt_question(r), None, p.language)) for r in pending),
-                                     lambda q: build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language,
-                                                            chat=p.chat_template, system=system),
-                                     context_length(cfg.policy.model), source=f"dataset.path {cfg.dataset.path}",
-                                     budget=cfg.rollout.max_completion_tokens)
-            owned = policy is None
-            policy = policy if policy is not None else build_policy(cfg, tokenizer)
             from ..tools.build import build_tools
 
-            tools = build_tools(cfg.tools, searcher=searcher)  # the search tool over it, and the config's others
+            # the search tool over it and the config's other tools, before the model loads (a broken one: one line)
+            tools = build_tools(cfg.tools, searcher=searcher)
+            try:
+                tokenizer = tokenizer if tokenizer is not None else build_tokenizer(cfg)
+                if policy is None and cfg.policy.type == "local":  # every question fits the model, before it loads
+                    p = cfg.prompt
+                    system = mode_system_prompt(cfg.mode, get_dialect(cfg.rollout.dialect), p.language,
+                                                p.system_prompt)
+                    schemas = tools.schemas()
+                    check_prompt_lengths(
+                        ((r.id, user_message(prompt_question(r), None, p.language)) for r in pending),
+                        lambda q: build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language,
+                                               chat=p.chat_template, system=system, tools=schemas),
+                        context_length(cfg.policy.model), source=f"dataset.path {cfg.dataset.path}",
+                        budget=cfg.rollout.max_completion_tokens)
+                owned = policy is None
+                policy = policy if policy is not None else build_policy(cfg, tokenizer)
+            except BaseException:
+                tools.close()
+                raise
             engine = AgentRollout(policy, tokenizer, tools, mode_rollout(cfg.rollout, cfg.mode),
                                   search_timeout_s=cfg.search.timeout_s)
             size = cfg.batch_size
