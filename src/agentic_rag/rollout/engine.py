@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -526,8 +527,6 @@ class AgentRollout:
             props = list(schema(tool)["parameters"].get("properties") or {})
             arguments: Any = {props[0]: action.content} if len(props) == 1 else None
             if arguments is None:
-                import json
-
                 try:
                     arguments = json.loads(action.content or "{}")
                 except json.JSONDecodeError:
@@ -764,15 +763,24 @@ class AgentRollout:
             return body, len(body)
         notice = " ... [cut: the result was longer]"
         keep = budget - len(encode_text(self.tokenizer, notice))
+        shortened = self._shorten(body, ids, keep, budget, notice, functools.partial(encode_text, self.tokenizer))
+        return (shortened[1], shortened[2]) if shortened is not None else ("[cut]", 0)
+
+    def _shorten(self, body: str, body_ids: list[int], keep: int, budget: int, suffix: str,
+                 encode: Callable[[str], list[int]]) -> tuple[list[int], str, int] | None:
+        """The longest cut of ``body`` at a word boundary, from its first ``keep`` tokens down, whose
+        ``encode(cut + suffix)`` fits ``budget``: those ids, that text and the characters of ``body`` it keeps; None
+        when none fits. The one truncation rule of observations and tool results."""
         while keep > 0:
-            cut = self.tokenizer.decode(ids[:keep], skip_special_tokens=False)
+            cut = self.tokenizer.decode(body_ids[:keep], skip_special_tokens=False)
             if " " in cut.strip():
                 cut = cut[: cut.rstrip().rfind(" ")]
             cut = cut.rstrip()
-            if len(encode_text(self.tokenizer, cut + notice)) <= budget:
-                return cut + notice, len(os.path.commonprefix([cut, body]))
-            keep -= 1
-        return "[cut]", 0
+            ids = encode(cut + suffix)
+            if len(ids) <= budget:
+                return ids, cut + suffix, len(os.path.commonprefix([cut, body]))
+            keep -= max(1, len(ids) - budget)
+        return None
 
     # ----------------------------------------------------------------------------------- observations
 
@@ -827,16 +835,9 @@ class AgentRollout:
         overhead = len(self._encode(" ...")) + 1
         if overhead > budget:
             return None, 0
-        body_ids = encode_text(self.tokenizer, body)
-        keep = budget - overhead
-        while keep > 0:
-            cut = self.tokenizer.decode(body_ids[:keep], skip_special_tokens=False)
-            if " " in cut.strip():
-                cut = cut[: cut.rstrip().rfind(" ")]
-            cut = cut.rstrip()
-            ids = self._encode(cut + " ...")
-            if len(ids) <= budget:
-                return ids, len(os.path.commonprefix([cut, body]))
-            keep -= max(1, len(ids) - budget)
+        shortened = self._shorten(body, encode_text(self.tokenizer, body), budget - overhead, budget, " ...",
+                                  self._encode)
+        if shortened is not None:
+            return shortened[0], shortened[2]
         ids = self._encode("...")
         return (ids, 0) if len(ids) <= budget else (None, 0)
