@@ -314,3 +314,22 @@ def test_evaluation_refuses_a_broken_tool_before_the_model_loads(tmp_path, index
     last = done.stderr.strip().splitlines()[-1]
     assert "python tool" in last and "broken.py:f" in last and "no JSON schema" in last
     assert "loaded model" not in done.stderr and "Loading weights" not in done.stderr
+
+
+def test_the_training_prompt_checks_count_the_tools_the_native_prompt_lists(smol, tools):
+    """``agentic-rag train`` measures its prompts (the context check, the memory estimate) with the tools' schemas
+    listed, as the rollout prompts them: a native prompt is a listing longer than the question alone."""
+    import dataclasses
+
+    from agentic_rag.training.config import ExperimentConfig
+    from agentic_rag.training.train import longest_prompt_tokens
+
+    rows = [{"prompt": "How many metres are in three feet?"}]
+    cfg = ExperimentConfig()
+    native = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, dialect="native"))
+    bare = longest_prompt_tokens(native, rows=rows, tokenizer=smol)
+    listed = longest_prompt_tokens(native, rows=rows, tokenizer=smol, tools=tools.schemas())
+    assert listed == len(build_prompt(smol, rows[0]["prompt"], "native", tools=tools.schemas()))
+    assert listed > bare + 100  # search, the calculator and the MCP server's tools
+    assert longest_prompt_tokens(cfg, rows=rows, tokenizer=smol, tools=tools.schemas()) == \
+        longest_prompt_tokens(cfg, rows=rows, tokenizer=smol)  # a tag dialect lists no schemas

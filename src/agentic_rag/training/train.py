@@ -116,16 +116,17 @@ def training_rows(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     return out
 
 
-def check_questions_fit(cfg: ExperimentConfig, rows: list[dict[str, Any]], tokenizer: Any) -> None:
+def check_questions_fit(cfg: ExperimentConfig, rows: list[dict[str, Any]], tokenizer: Any,
+                        tools: list[dict[str, Any]] | None = None) -> None:
     """Refuse training questions whose prompts do not fit the model's context (:mod:`agentic_rag.data.context`),
-    before the model loads."""
+    before the model loads. ``tools``: the tools' schemas, which the native dialect's prompt lists."""
     from ..data.context import check_prompt_lengths, context_length
     from ..data.prompts import build_prompt
 
     p = cfg.prompt
     check_prompt_lengths(((str(r["id"]), r["prompt"]) for r in rows),
                          lambda q: build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language,
-                                                chat=p.chat_template, system=p.system_prompt or None),
+                                                chat=p.chat_template, system=p.system_prompt or None, tools=tools),
                          context_length(cfg.model.name_or_path), source=f"data.train_file {cfg.data.train_file}",
                          budget=cfg.rollout.max_completion_tokens)
 
@@ -153,11 +154,11 @@ def policy_model(cfg: ExperimentConfig):
 
 
 def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64, rows: list[dict[str, Any]] | None = None,
-                          tokenizer: Any = None) -> int:
+                          tokenizer: Any = None, tools: list[dict[str, Any]] | None = None) -> int:
     """Tokens of the longest templated training prompt (system prompt, chat template, question), the prompt length
     of a rollout batch at worst. The template is the same for every question, so only the ``sample`` longest
     questions (by characters) are templated and tokenized: cheap even for a large training file. ``rows`` and
-    ``tokenizer``, when the caller has them, are not read again."""
+    ``tokenizer``, when the caller has them, are not read again; ``tools``: the schemas the native prompt lists."""
     from ..data.prompts import build_prompt
     from ..models import load_tokenizer
 
@@ -166,11 +167,12 @@ def longest_prompt_tokens(cfg: ExperimentConfig, *, sample: int = 64, rows: list
     longest = sorted({r["prompt"] for r in rows}, key=len, reverse=True)[:sample]
     p = cfg.prompt
     return max(len(build_prompt(tokenizer, q, cfg.rollout.dialect, language=p.language, chat=p.chat_template,
-                                system=p.system_prompt or None))
+                                system=p.system_prompt or None, tools=tools))
                for q in longest)
 
 
-def memory_setup(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None, tokenizer: Any = None):
+def memory_setup(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None, tokenizer: Any = None,
+                 tools: list[dict[str, Any]] | None = None):
     """The :class:`~agentic_rag.training.memory.TrainingSetup` of this run, as the estimator needs it: the launch's
     processes (``WORLD_SIZE``) and ZeRO stage (``ACCELERATE_DEEPSPEED_ZERO_STAGE``, which the launch scripts export
     for the stage they launch; ZeRO-2, the larger estimate, when unknown), the config's quantisation, LoRA rank,
@@ -198,13 +200,13 @@ def memory_setup(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = N
                          lora_targets=tuple(targets), lora_dropout=dropout,
                          batch=batch, num_generations=group, micro_batch=a.per_device_train_batch_size,
                          generation_batch=decoded,
-                         max_prompt=longest_prompt_tokens(cfg, rows=rows, tokenizer=tokenizer),
+                         max_prompt=longest_prompt_tokens(cfg, rows=rows, tokenizer=tokenizer, tools=tools),
                          max_completion=cfg.rollout.max_completion_tokens,
                          gradient_checkpointing=m.gradient_checkpointing)
 
 
-def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None,
-              tokenizer: Any = None) -> tuple[Any, str | None]:
+def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None, tokenizer: Any = None,
+              tools: list[dict[str, Any]] | None = None) -> tuple[Any, str | None]:
     """``(setup, warning)``: the :func:`memory_setup` the estimate assumed (None when no estimate was made: no GPU
     memory budget, i.e. no GPU and no ``gpu_memory_gb``, or an estimate that cannot be made) and the memory
     estimator's warning (None when it fits)."""
@@ -215,7 +217,7 @@ def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     if budget is None:
         return None, None
     try:
-        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer)
+        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer, tools=tools)
         warning = check_fits(EstimateInputs(cfg.model.name_or_path, setup), budget)
     except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made must not stop training
         log.info("no memory estimate (%s)", exc)
@@ -226,8 +228,8 @@ def fit_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     return setup, warning
 
 
-def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None,
-              tokenizer: Any = None) -> str | None:
+def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None, tokenizer: Any = None,
+              tools: list[dict[str, Any]] | None = None) -> str | None:
     """For a run on the CPU: None when the memory estimator says one training step fits the RAM available
     (:func:`~agentic_rag.training.memory.available_ram_gb`), else why not and what would help. Called before the
     model loads, so a config that cannot fit is refused in seconds instead of being killed by the kernel part-way.
@@ -236,7 +238,7 @@ def ram_check(cfg: ExperimentConfig, *, rows: list[dict[str, Any]] | None = None
     from .memory_advice import EstimateInputs, check_fits_ram
 
     try:
-        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer)
+        setup = memory_setup(cfg, rows=rows, tokenizer=tokenizer, tools=tools)
         return check_fits_ram(EstimateInputs(cfg.model.name_or_path, setup), available_ram_gb())
     except Exception as exc:  # noqa: BLE001 - an estimate that cannot be made must not stop training
         log.info("no RAM estimate (%s)", exc)
@@ -339,6 +341,7 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
 
     from ..errors import SearchFailuresError
     from ..models import load_tokenizer
+    from ..rollout.engine import tool_schemas
     from ..search import open_searcher
     from ..search.probe import probe
     from ..tools.build import build_tools
@@ -353,21 +356,25 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
     state.wait_for_everyone()
     rows = training_rows(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path)
-    check_questions_fit(cfg, rows, tokenizer)
-    estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer)
-    if warning:
-        log.warning(warning)
-    if not torch.cuda.is_available():
-        refusal = ram_check(cfg, rows=rows, tokenizer=tokenizer)
-        if refusal:
-            raise SettingsError([refusal + "\n(set AGENTIC_RAG_RAM_GB to give the check a budget of your own)"],
-                              "memory")
-
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=cfg.search.cache_size,
                              timeout=cfg.search.timeout_s)
     probe(searcher, cfg.search.index)  # a dead search target stops the run here, before the model loads
-    # every tool of the tools: section, built (and a broken one refused) before the model loads
+    # every tool of the tools: section, built (and a broken one refused) before the model loads; the native prompt
+    # lists their schemas, so the prompt checks below measure them too
     tools = build_tools(cfg.tools, searcher=searcher)
+    try:
+        schemas = tool_schemas(tools)
+        check_questions_fit(cfg, rows, tokenizer, schemas)
+        estimated, warning = fit_check(cfg, rows=rows, tokenizer=tokenizer, tools=schemas)
+        if warning:
+            log.warning(warning)
+        refusal = None if torch.cuda.is_available() else ram_check(cfg, rows=rows, tokenizer=tokenizer, tools=schemas)
+        if refusal:
+            raise SettingsError([refusal + "\n(set AGENTIC_RAG_RAM_GB to give the check a budget of your own)"],
+                                "memory")
+    except BaseException:
+        tools.close()  # an MCP server it started stops with the refusal
+        raise
     dataset = Dataset.from_list(rows)
     eos_tokens = [tokenizer.eos_token] if tokenizer.eos_token else []
     reward_funcs, weights = build_rewards(cfg, eos_tokens)
@@ -495,11 +502,12 @@ def main(argv: list[str] | None = None) -> int:
             from ..models import load_tokenizer
 
             rows = training_rows(cfg)
-            check_questions_fit(cfg, rows, load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path))
-            check_search_target(cfg)
+            schemas = check_search_target(cfg)
+            check_questions_fit(cfg, rows, load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path), schemas)
             check_output_dir(cfg, resume=bool(args.resume or cfg.checkpoint.resume), move_aside=False,
                              main_process=False)
-            print(f"{args.config}: OK ({len(rows)} training questions; the search target answers)")
+            print(f"{args.config}: OK ({len(rows)} training questions; the search target answers; tools: "
+                  f"{', '.join(s['name'] for s in schemas)})")
             return 0
 
         return guarded("agentic-rag train", check)
@@ -511,13 +519,21 @@ def main(argv: list[str] | None = None) -> int:
     return guarded("agentic-rag train", train)
 
 
-def check_search_target(cfg: ExperimentConfig) -> None:
-    """Open the searcher the run would use and ask it one query (``--check``)."""
+def check_search_target(cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """Open the searcher the run would use, ask it one query and build the run's tools with it (``--check``); returns
+    the tools' schemas (what the native prompt lists)."""
+    from ..rollout.engine import tool_schemas
     from ..search import open_searcher
     from ..search.probe import probe
+    from ..tools.build import build_tools
 
     searcher = open_searcher(cfg.search.index, cfg.search.retriever, cache_size=0, timeout=cfg.search.timeout_s)
     probe(searcher, cfg.search.index)
+    tools = build_tools(cfg.tools, searcher=searcher)
+    try:
+        return tool_schemas(tools)
+    finally:
+        tools.close()
 
 
 if __name__ == "__main__":
