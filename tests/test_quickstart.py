@@ -281,3 +281,32 @@ def test_dashboard_adds_the_validation_points_measured_outside_the_trainer(tmp_p
     for log in log_dir.glob("run-*/logs/*/*.log"):
         series.append([(e["index"], e["data"]) for e in map(json.loads, log.read_text().splitlines())])
     assert sorted(series) == [[(0, 0.3), (2, 0.4), (3, 0.5)], [(1, 0.5), (2, 0.6), (3, 0.7)]]
+
+
+@pytest.mark.parametrize("dialect", ["native", "agentic"])
+def test_the_native_quick_start_trains_with_its_own_recipe_and_room(tmp_path, monkeypatch, dialect):
+    """The native format's GRPO takes 1e-4 with a 30% warm-up and wider limits (the config's 3e-4 collapsed it); a
+    run's own overrides still win; the tag dialect keeps the config's settings."""
+    from agentic_rag.demo import quickstart
+
+    class Started(Exception):
+        pass
+
+    commands = []
+
+    def started(cmd, env, log, name):
+        commands.append(cmd)
+        raise Started
+
+    monkeypatch.setattr(quickstart, "run_logged", started)
+    s = quickstart.Settings(out=tmp_path, seeds=[0], dialect=dialect)
+    for overrides in ({}, {"algorithm.learning_rate": 3e-4}):
+        with pytest.raises(Started):
+            quickstart.train_run(s, tmp_path / "sft", "seed0-grpo", 0, overrides)
+    sets = [dict(cmd[i + 1].split("=", 1) for i, a in enumerate(cmd) if a == "--set") for cmd in commands]
+    if dialect == "native":
+        assert sets[0]["algorithm.learning_rate"] == "0.0001" and sets[0]["algorithm.warmup_ratio"] == "0.3"
+        assert sets[0]["rollout.max_tokens_per_turn"] == "48" and sets[0]["rollout.max_completion_tokens"] == "320"
+        assert sets[1]["algorithm.learning_rate"] == "0.0003" and sets[1]["algorithm.warmup_ratio"] == "0.3"
+    else:
+        assert not any(k.startswith(("algorithm.learning_rate", "algorithm.warmup", "rollout.max")) for k in sets[0])

@@ -2,7 +2,8 @@
 adapter, at a learning rate of your choosing, each evaluated greedily on the held-out questions (issue 57, item 4).
 
     python -m agentic_rag.demo.quickstart --dialect native --out /work/runs/qs_native --seeds 1   # world, SFT, ...
-    python experiments/quickstart/native_runs.py --out /work/runs/qs_native --lr 1e-4 --seeds 0 [--control]
+    python experiments/quickstart/native_runs.py --out /work/runs/qs_native --lr 1e-4 --seeds 0 [--control] \\
+        [--set algorithm.warmup_ratio=0.3]
 
 Each run is the quick start's own (``train_run``: the same config, `--set` overrides, its own process) with
 ``algorithm.learning_rate`` set; a finished run or evaluation is skipped. Prints one JSON line last.
@@ -23,21 +24,27 @@ def main() -> None:
     ap.add_argument("--lr", type=float, required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--control", action="store_true", help="also the shuffled-reward control of each seed")
+    ap.add_argument("--only-control", action="store_true", help="the controls alone (another process runs the GRPO)")
+    ap.add_argument("--workers", type=int, default=1, help="runs training at once on the machine (threads: cores/N)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="another training setting (algorithm.warmup_ratio=0.3), named in the run's name too")
     args = ap.parse_args()
-    s = Settings(out=Path(args.out).resolve(), seeds=args.seeds, dialect="native")
+    s = Settings(out=Path(args.out).resolve(), seeds=args.seeds, dialect="native", workers=args.workers)
     sft_dir = s.out / "sft"
     rows = []
     for seed in args.seeds:
-        for control in ([False, True] if args.control else [False]):
-            name = f"seed{seed}-{'control' if control else 'grpo'}-lr{args.lr:g}"
+        for control in [True] if args.only_control else [False, True] if args.control else [False]:
+            extra = dict(kv.split("=", 1) for kv in args.sets)
+            suffix = "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in extra.items())
+            name = f"seed{seed}-{'control' if control else 'grpo'}-lr{args.lr:g}{suffix}"
             out = train_run(s, sft_dir, name, seed, {"algorithm.learning_rate": args.lr,
-                                                      "algorithm.shuffle_rewards": str(control).lower()})
+                                                      "algorithm.shuffle_rewards": str(control).lower(), **extra})
             summary = evaluate(s, name, REAL_MODEL, out / "final")
             rows.append({"run": name, "em": summary["metrics"]["em"],
                          "searches": summary["searches_per_question"]})
             print(rows[-1], flush=True)
     sft = json.loads((s.out / "eval" / "sft" / "summary.json").read_text())
-    print(json.dumps({"lr": args.lr, "em_sft": sft["metrics"]["em"], "runs": rows}))
+    print(json.dumps({"lr": args.lr, "settings": args.sets, "em_sft": sft["metrics"]["em"], "runs": rows}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The wiki task's SFT in the tag dialect and in the native tool-call format, side by side (issue 57, item 4).
 
     python experiments/wiki/native_sft.py --out /work/runs/wiki_native --train-questions 256
+    python experiments/wiki/native_sft.py --out /work/runs/wiki_native --dialects native --sft-lr 1e-3
 
 One 2Wiki task (the wiki quick start's corpus, index and splits, built once under OUT), the gold trajectories of the
 first N training questions in each format (``agentic``: ``<search>`` tags; ``native``: SmolLM2 with the package's
@@ -32,8 +33,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--train-questions", type=int, default=256)
     ap.add_argument("--dialects", nargs="+", default=["agentic", "native"])
+    ap.add_argument("--sft-lr", type=float, default=None, help="the SFT's learning rate (default the quick start's)")
     args = ap.parse_args()
     s = WikiSettings(out=Path(args.out).resolve(), seeds=[0])
+    tag = ""
+    if args.sft_lr is not None:
+        s.sft_learning_rate, tag = args.sft_lr, f"_lr{args.sft_lr:g}"
     build_task(s)
     init = build_model(s)
     train = subset(s.train_file, args.train_questions, s.out / f"train_first{args.train_questions}.jsonl")
@@ -43,9 +48,9 @@ def main() -> None:
         started = time.perf_counter()
         data = s.out / f"sft_data_{dialect}.jsonl"
         stats = trajectories(s, init, questions=train, out=data)
-        adapter_dir = sft(s, init, data=data, out=s.out / f"sft_{dialect}")
+        adapter_dir = sft(s, init, data=data, out=s.out / f"sft_{dialect}{tag}")
         base, adapter = models_of(s, adapter_dir)
-        summary = evaluate(s, f"sft_{dialect}", base, adapter)
+        summary = evaluate(s, f"sft_{dialect}{tag}", base, adapter)
         sft_summary = json.loads((adapter_dir / "sft_summary.json").read_text())
         rows[dialect] = {"em": _em(summary), "em_multi_hop": _em(summary, "multi_hop"),
                          "f1": summary["metrics"].get("f1"), "well_formed": summary["metrics"].get("well_formed"),
@@ -59,7 +64,8 @@ def main() -> None:
     for dialect, r in rows.items():
         print(f"| {dialect} | {r['em']:.3f} | {r['em_multi_hop']:.3f} | {r['f1']:.3f} | {r['well_formed']:.3f} | "
               f"{r['searches_per_question']:.2f} | {r['mean_completion_tokens']:.0f} |")
-    print(json.dumps({"train_questions": args.train_questions, "rows": rows}))
+    print(json.dumps({"train_questions": args.train_questions, "sft_learning_rate": s.sft_learning_rate,
+                      "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ SYSTEM_PROMPT = "Answer the question by searching."
 # as in both training configs (em 1.0, format 0.2), with evaluation's well_formed standing in for the format reward
 JVM_HEAP = "1g"  # the world's index is a few hundred passages; Lucene's default 4 GB heap is for Wikipedia
 SFT_BATCHES = ("random", "by_length")
+NATIVE_GRPO = {"algorithm.learning_rate": 1e-4, "algorithm.warmup_ratio": 0.3}  # Settings.native_recipe
 
 
 def native_room(rollout) -> dict[str, int]:
@@ -112,6 +113,13 @@ class Settings:
     @property
     def train_config(self) -> Path:
         return TINY_CONFIG if self.tiny else REAL_CONFIG
+
+    @property
+    def native_recipe(self) -> dict[str, Any]:
+        """GRPO settings of the native format over the config's (the real model): the config's rate, 3e-4 from the
+        first update, collapsed it (every rollout searched to the limit and never answered after one step); 1e-4 with a
+        30% warm-up learns (experiments/quickstart/README.md, "In the model's own tool-call format")."""
+        return NATIVE_GRPO if self.dialect == "native" and not self.tiny else {}
 
     @property
     def train_file(self) -> Path:
@@ -366,7 +374,8 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
     sets = {"model.name_or_path": base, "model.tokenizer": base, "data.train_file": s.train_file,
             "prompt.system_prompt": SYSTEM_PROMPT, "search.index": s.index_dir, "checkpoint.output_dir": out,
             "rollout.dialect": s.dialect,
-            "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **(overrides or {})}
+            "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **s.native_recipe,
+            **(overrides or {})}
     if adapter:
         sets["model.adapter"] = adapter
     if s.dialect == "native":
@@ -425,6 +434,8 @@ def check_settings(s: Settings, extra: dict[str, Any] | None = None) -> None:
             "train_config_sha256": hashlib.sha256(s.train_config.read_bytes()).hexdigest(), **(extra or {})}
     if s.dialect != "agentic":  # (earlier quick starts, all in the agentic dialect, recorded none)
         mine["dialect"] = s.dialect
+    if s.native_recipe:
+        mine["native_recipe"] = s.native_recipe
     from ..outputs import aside_path, claim_dir, mark_dir
 
     claim_dir(s.out, "quickstart", move_aside=s.move_aside)

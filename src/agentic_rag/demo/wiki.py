@@ -99,6 +99,11 @@ class WikiSettings(Settings):
         return WIKI_CONFIG
 
     @property
+    def native_recipe(self) -> dict[str, Any]:
+        """None: the wiki config's own rate (1e-4) in both formats."""
+        return {}
+
+    @property
     def train_file(self) -> Path:
         return self.out / "data" / "train.jsonl"
 
