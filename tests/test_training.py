@@ -397,3 +397,41 @@ def test_a_stage_two_config_starts_from_the_stage_one_adapter_and_pays_stage_two
     assert set(final) == set(stage1_by_key)
     assert all(torch.allclose(final[k], stage1_by_key[k]) for k in final)
     assert any(k.endswith("lora_B.weight") and final[k].abs().sum() > 0 for k in final)
+
+
+def test_per_rollout_tools_get_the_training_rows_fields(tiny_model_dir, world_dir, tmp_path):
+    """A class tool's ``reset(**row)`` gets the dataset row's fields in training (question, answers, id), as in
+    evaluation, once per rollout."""
+    from agentic_rag.search import open_searcher
+    from agentic_rag.tools.build import build_tools
+
+    seen = tmp_path / "seen.jsonl"
+    (tmp_path / "recorder.py").write_text(f'''
+import json
+
+
+class Recorder:
+    """Writes down the row each rollout starts with."""
+
+    def reset(self, **row):
+        with open({str(seen)!r}, "a") as f:
+            f.write(json.dumps(row) + "\\n")
+
+    def note(self, text: str) -> str:
+        """Note something.
+
+        Args:
+            text: What to note.
+        """
+        return text
+''')
+    tools = build_tools(["search", {"python": f"{tmp_path / 'recorder.py'}:Recorder"}],
+                        searcher=open_searcher(world_dir / "index"))
+    rows = [{"prompt": f"question {i}", "answers": [f"answer {i}"], "id": f"q{i}"} for i in range(4)]
+    trainer = make_trainer(tiny_model_dir, world_dir, tmp_path, rows=rows, max_steps=1, tools=tools)
+    trainer.train()
+    got = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(got) == 4  # one step: 2 questions x 2 generations, one instance each
+    for row in got:
+        i = int(row["question"].split()[-1])
+        assert row == {"question": f"question {i}", "answers": [f"answer {i}"], "id": f"q{i}"}

@@ -166,6 +166,7 @@ class AgenticGRPOTrainer(GRPOTrainer):
         self._prompt_cache: dict[str, list[int]] = {}
         self._active_layouts: list[TreeLayout | None] | None = None
         self._active_env: list[list[int]] | torch.Tensor | None = None  # env_mask of the rows being scored
+        self._active_rows: list[dict[str, Any]] | None = None  # the dataset rows being rolled out (_tool_rows)
         self._last_trajectories: list[Trajectory] = []
         self._rewards_per_func: torch.Tensor | None = None
         compact_lm_head_scoring()
@@ -232,7 +233,8 @@ class AgenticGRPOTrainer(GRPOTrainer):
                 trajs, searching, waiting = self._branched_rollouts(model, policy, prompts)
             else:
                 with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
-                    trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts])
+                    trajs = engine.run([self._prompt_ids(q) for q in prompts], [str(q) for q in prompts],
+                                       rows=self._tool_rows(prompts))
                     searching, waiting = engine.tool_seconds
         # where a step's time goes (experiments/benchmarks/grpo_step_real.py): the rollout (decoding, and waiting
         # for searches where no decoding overlapped them), and the searches themselves
@@ -259,6 +261,15 @@ class AgenticGRPOTrainer(GRPOTrainer):
             "trajectory": [self._view(t) for t in trajs],
         }
 
+    def _tool_rows(self, prompts: list[Any]) -> list[dict[str, Any]] | None:
+        """Each rollout's question fields for its per-rollout tools' ``reset(**row)``, as evaluation gives them: the
+        dataset row (answers, id, ...) with its question under ``question`` (None outside a scored batch)."""
+        inputs = self._active_rows
+        if inputs is None or len(inputs) != len(prompts):
+            return None
+        return [{"question": str(q), **{k: v for k, v in row.items() if k != "prompt"}}
+                for q, row in zip(prompts, inputs, strict=True)]
+
     def _branched_rollouts(self, model: Any, policy: HFPolicy, prompts: list[Any]) -> tuple[list[Trajectory], float,
                                                                                           float]:
         """Answer branching (:mod:`agentic_rag.rollout.branching`): each group's question rolled out once, greedily
@@ -274,7 +285,9 @@ class AgenticGRPOTrainer(GRPOTrainer):
         greedy = HFPolicy(model, tok, SamplingParams(do_sample=False), max_batch_size=a.max_batch_size,
                           return_logprobs=policy.return_logprobs, processors=a.processors)
         with AgentRollout(greedy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
-            trunks = engine.run([self._prompt_ids(q) for q in questions], [str(q) for q in questions])
+            rows = self._tool_rows(prompts)
+            trunks = engine.run([self._prompt_ids(q) for q in questions], [str(q) for q in questions],
+                                rows=rows[::g] if rows is not None else None)
             searching, waiting = engine.tool_seconds
         with AgentRollout(policy, tok, a.tools, a.settings, search_timeout_s=a.search_timeout_s) as engine:
             groups = answer_branches(engine, trunks, g)
@@ -389,13 +402,14 @@ class AgenticGRPOTrainer(GRPOTrainer):
     def _score_batch(self, inputs):
         """TRL's generation and scoring of ``inputs`` (the REINFORCE++ advantages where they apply), with each
         row's tree layout for the loss."""
+        self._active_rows = inputs  # the rows of the prompts the rollout gets: their fields reach the tools
         try:
             output = super()._generate_and_score_completions(inputs)
             if self.preset.kl_in_return:  # while the rows' layouts are still set (old log-probs)
                 output["advantages"] = self._reinforce_pp_output(output)
         finally:
             layouts, self._active_layouts = self._active_layouts, None
-            self._active_env = None
+            self._active_env = self._active_rows = None
         output["agentic_layout"] = layouts if layouts is not None else [None] * len(output["advantages"])
         return output
 
