@@ -65,6 +65,7 @@ step; above 1 is ours faster), ``mask_agreement``, ``em_ours``, ``em_trl``, ``em
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -469,7 +470,10 @@ def evaluate_adapter(spec: dict[str, Any], name: str, adapter: str, questions: i
     subset = Path(spec["task"]) / f"validation_first{questions}.jsonl"
     if not subset.exists():
         subset.write_text("".join(Path(spec["validation_file"]).read_text().splitlines(keepends=True)[:questions]))
-    summary = evaluate(s, f"vs_trl/{name}", spec["base"], adapter, questions=subset)
+    # under the task folder (its index and splits), named by this benchmark's folder and question count: a cached
+    # evaluation is reused only for the same adapter path and questions
+    where = f"vs_trl-{hashlib.sha1(spec['out'].encode()).hexdigest()[:8]}-q{questions}/{name}"
+    summary = evaluate(s, where, spec["base"], adapter, questions=subset)
     return {"em": summary["metrics"]["em"], "searches_per_question": summary.get("searches_per_question")}
 
 
@@ -532,7 +536,7 @@ def main() -> None:
         ap.error("--out is required")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    spec = prepare(args)
+    spec = dict(prepare(args), out=str(out))
     em_sft = evaluate_adapter(spec, "sft", spec["sft"], args.eval_questions)["em"]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
     for seed in range(args.seeds):
