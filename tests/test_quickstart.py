@@ -310,3 +310,16 @@ def test_the_native_quick_start_trains_with_its_own_recipe_and_room(tmp_path, mo
         assert sets[1]["algorithm.learning_rate"] == "0.0003" and sets[1]["algorithm.warmup_ratio"] == "0.3"
     else:
         assert not any(k.startswith(("algorithm.learning_rate", "algorithm.warmup", "rollout.max")) for k in sets[0])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--task", "wiki", "--dialect", "native"], "--task wiki runs in the tag dialect"),
+    (["--tiny", "--dialect", "native"], "--dialect native is for the world task's real model")])
+def test_the_native_dialect_where_the_quick_start_cannot_run_it_is_refused_before_anything_runs(
+        tmp_path, capsys, argv, says):
+    """--dialect native with --task wiki used to be dropped without a word (the wiki run went on in tags)."""
+    from agentic_rag.demo import quickstart
+
+    with pytest.raises(SystemExit) as refused:
+        quickstart.main(["--out", str(tmp_path / "q"), *argv])
+    assert refused.value.code == 2 and says in capsys.readouterr().err and not (tmp_path / "q").exists()

@@ -607,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
                               world_seed=args.world_seed, grpo_steps=args.steps, move_aside=args.move_aside)
     if args.workers is not None:
         kw["workers"] = max(1, args.workers)
+    if args.dialect != "agentic" and wiki:
+        ap.error("--task wiki runs in the tag dialect; the wiki task's SFT in the native format, beside the tag "
+                 "dialect's: python experiments/wiki/native_sft.py --out DIR --sft-lr 1e-3")
     if wiki:
         from .wiki import WikiSettings
         from .wiki import run as run_wiki
@@ -621,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--sft-cpu-autocast is for the real model's LoRA SFT; the tiny model's stays fp32")
             ws.sft_cpu_autocast = args.sft_cpu_autocast
         return _timed("quick start (wiki)", ws.out, lambda: run_wiki(ws))
-    if args.dialect != "agentic" and (wiki or args.tiny):
+    if args.dialect != "agentic" and args.tiny:
         ap.error("--dialect native is for the world task's real model (the tiny model's word tokenizer has no chat "
                  "template)")
     s = Settings.for_tiny(**kw) if args.tiny else Settings(model=args.model, dialect=args.dialect, **kw)
