@@ -6,7 +6,9 @@ adapter, at a learning rate of your choosing, each evaluated greedily on the hel
         [--set algorithm.warmup_ratio=0.3]
 
 Each run is the quick start's own (``train_run``: the same config, `--set` overrides, its own process) with
-``algorithm.learning_rate`` set; a finished run or evaluation is skipped. Prints one JSON line last.
+``algorithm.learning_rate`` set; a finished run or evaluation is skipped (run it again to print the table of finished
+runs). Each run's greedy evaluation is compared with the SFT start's question by question (``vs_sft``: right where
+the start was wrong, the reverse, McNemar's exact p). Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from pathlib import Path
 
 from agentic_rag.demo.quickstart import REAL_MODEL, Settings, evaluate, train_run
+from agentic_rag.evaluation.paired import paired, predictions
 
 
 def main() -> None:
@@ -40,8 +43,8 @@ def main() -> None:
             out = train_run(s, sft_dir, name, seed, {"algorithm.learning_rate": args.lr,
                                                       "algorithm.shuffle_rewards": str(control).lower(), **extra})
             summary = evaluate(s, name, REAL_MODEL, out / "final")
-            rows.append({"run": name, "em": summary["metrics"]["em"],
-                         "searches": summary["searches_per_question"]})
+            rows.append({"run": name, "em": summary["metrics"]["em"], "searches": summary["searches_per_question"],
+                         "vs_sft": paired(predictions(s.out / "eval" / name), predictions(s.out / "eval" / "sft"))})
             print(rows[-1], flush=True)
     sft = json.loads((s.out / "eval" / "sft" / "summary.json").read_text())
     print(json.dumps({"lr": args.lr, "settings": args.sets, "em_sft": sft["metrics"]["em"], "runs": rows}))

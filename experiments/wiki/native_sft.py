@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentic_rag.demo.quickstart import models_of
 from agentic_rag.demo.wiki import WikiSettings, _em, build_model, build_task, evaluate, sft, trajectories
+from agentic_rag.evaluation.paired import paired, predictions
 
 
 def subset(path: Path, n: int, out: Path) -> Path:
@@ -36,9 +37,9 @@ def main() -> None:
     ap.add_argument("--sft-lr", type=float, default=None, help="the SFT's learning rate (default the quick start's)")
     args = ap.parse_args()
     s = WikiSettings(out=Path(args.out).resolve(), seeds=[0])
-    tag = ""
+    tag_name = ""
     if args.sft_lr is not None:
-        s.sft_learning_rate, tag = args.sft_lr, f"_lr{args.sft_lr:g}"
+        s.sft_learning_rate, tag_name = args.sft_lr, f"_lr{args.sft_lr:g}"
     build_task(s)
     init = build_model(s)
     train = subset(s.train_file, args.train_questions, s.out / f"train_first{args.train_questions}.jsonl")
@@ -48,9 +49,9 @@ def main() -> None:
         started = time.perf_counter()
         data = s.out / f"sft_data_{dialect}.jsonl"
         stats = trajectories(s, init, questions=train, out=data)
-        adapter_dir = sft(s, init, data=data, out=s.out / f"sft_{dialect}{tag}")
+        adapter_dir = sft(s, init, data=data, out=s.out / f"sft_{dialect}{tag_name}")
         base, adapter = models_of(s, adapter_dir)
-        summary = evaluate(s, f"sft_{dialect}{tag}", base, adapter)
+        summary = evaluate(s, f"sft_{dialect}{tag_name}", base, adapter)
         sft_summary = json.loads((adapter_dir / "sft_summary.json").read_text())
         rows[dialect] = {"em": _em(summary), "em_multi_hop": _em(summary, "multi_hop"),
                          "f1": summary["metrics"].get("f1"), "well_formed": summary["metrics"].get("well_formed"),
@@ -64,6 +65,14 @@ def main() -> None:
     for dialect, r in rows.items():
         print(f"| {dialect} | {r['em']:.3f} | {r['em_multi_hop']:.3f} | {r['f1']:.3f} | {r['well_formed']:.3f} | "
               f"{r['searches_per_question']:.2f} | {r['mean_completion_tokens']:.0f} |")
+    tag = s.out / "eval" / "sft_agentic"
+    if (tag / "predictions.jsonl").exists():  # each native SFT against the tag dialect's, question by question
+        multi_hop = lambda r: r.get("meta", {}).get("kind") == "multi_hop"  # noqa: E731
+        for dialect, r in rows.items():
+            if dialect != "agentic":
+                mine, theirs = predictions(s.out / "eval" / f"sft_{dialect}{tag_name}"), predictions(tag)
+                r["vs_tag"] = {"all": paired(mine, theirs), "multi_hop": paired(mine, theirs, where=multi_hop)}
+                print(f"{dialect} against the tag dialect: {r['vs_tag']}")
     print(json.dumps({"train_questions": args.train_questions, "sft_learning_rate": s.sft_learning_rate,
                       "rows": rows}))
 
