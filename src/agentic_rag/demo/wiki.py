@@ -100,7 +100,7 @@ class WikiSettings(Settings):
 
     @property
     def native_recipe(self) -> dict[str, Any]:
-        """None: the wiki config's own rate (1e-4) in both formats."""
+        """No overrides: the wiki config's own rate (1e-4) in both formats."""
         return {}
 
     @property
