@@ -238,7 +238,7 @@ def search_function(spec: dict[str, Any], cfg, tokenizer, meter: Meter | None = 
             meter.current["results_cut"] += 1
         return text
 
-    return search, engine
+    return search, engine, searcher
 
 
 def model_text(messages: list[dict[str, Any]]) -> str:
@@ -346,7 +346,7 @@ def worker_trl(spec: dict[str, Any], seed: int, run_dir: Path, continuous: bool)
     prepare_tokenizer(tokenizer)  # the template ours trains with (SmolLM2's own knows no tools)
     # our template writes calls as Qwen's does (<tool_call> JSON, <|im_end|>): TRL parses them with Qwen's parser
     tokenizer.response_template = qwen3_template
-    search, engine = search_function(spec, cfg, tokenizer, meter)
+    search, engine, searcher = search_function(spec, cfg, tokenizer, meter)
     rows = training_rows(cfg)
     system = cfg.prompt.system_prompt
     dataset = Dataset.from_list([{"prompt": [{"role": "system", "content": system},
@@ -367,7 +367,7 @@ def worker_trl(spec: dict[str, Any], seed: int, run_dir: Path, continuous: bool)
     trl_prompt = tokenizer.apply_chat_template(dataset[0]["prompt"], tools=[search], add_generation_prompt=True,
                                                tokenize=True, return_dict=False)
     ours_prompt = build_prompt(tokenizer, rows[0]["prompt"], "native", chat=True, system=system,
-                               tools=ours_schemas(cfg))
+                               tools=ours_schemas(cfg, searcher))
     generate = GRPOTrainer._tool_call_loop
 
     def counted_loop(self, prompts, prompt_ids, completion_ids, completions, *a, **kw):
@@ -395,11 +395,12 @@ def worker_trl(spec: dict[str, Any], seed: int, run_dir: Path, continuous: bool)
     return {"steps": meter.steps, "peak_rss_mb": peak_rss_mb(), "adapter": str(run_dir / "final"), **stats}
 
 
-def ours_schemas(cfg) -> list[dict[str, Any]]:
-    from agentic_rag.search import open_searcher
+def ours_schemas(cfg, searcher) -> list[dict[str, Any]]:
+    """The schemas ours lists in its prompt: the config's tools, built as ``agentic-rag train`` builds them (on the
+    searcher TRL's tool already opened)."""
     from agentic_rag.tools.build import build_tools
 
-    tools = build_tools(cfg.tools, searcher=open_searcher(cfg.search.index, cfg.search.retriever))
+    tools = build_tools(cfg.tools, searcher=searcher)
     try:
         return tools.schemas()
     finally:
