@@ -427,7 +427,8 @@ def prepare(args) -> dict[str, Any]:
             first.write_text("".join(s.train_file.read_text().splitlines(keepends=True)[:args.sft_questions]))
         data = task / "sft_data_native.jsonl"
         trajectories(s, init, questions=first, out=data)
-        sft_dir = sft(s, init, data=data, out=task / "sft_native")
+        s.sft_learning_rate = args.sft_lr
+        sft_dir = sft(s, init, data=data, out=task / f"sft_native_lr{args.sft_lr:g}")
     base, _ = models_of(s, sft_dir)
     config = s.train_config
     rollout = load_config(config, env={}, check_files=False).rollout
@@ -513,6 +514,8 @@ def main() -> None:
     ap.add_argument("--task-dir", help="an existing wiki task folder (default OUT/task)")
     ap.add_argument("--sft", help="a native-format SFT adapter of that task (default: built in the task folder)")
     ap.add_argument("--sft-questions", type=int, default=256)
+    ap.add_argument("--sft-lr", type=float, default=1e-3,
+                    help="the built SFT's learning rate (1e-3: the native format's best in experiments/quickstart)")
     ap.add_argument("--questions", type=int, default=None, help="keep the first N questions of each split (smoke)")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--trl-lm-head", choices=("compact", "shipped"), default="compact",
@@ -540,29 +543,30 @@ def main() -> None:
     spec = dict(prepare(args), out=str(out))
     em_sft = evaluate_adapter(spec, "sft", spec["sft"], args.eval_questions)["em"]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in args.systems}
-    for seed in range(args.seeds):
-        for system in args.systems:
-            if system == "trl_cb" and seed >= args.cb_seeds:
-                continue
-            run_dir = out / "runs" / f"{system}-seed{seed}"
-            sample = out / "runs" / f"ours-seed{seed}" / "mask_sample.json"
-            wspec = dict(spec, mask_sample_from=str(sample) if system != "ours" else None)
-            print(f"== {system} seed {seed}", flush=True)
-            result = run_worker(system, wspec, seed, run_dir, out / "runs" / f"{system}-seed{seed}.log")
-            if result.get("failed"):
-                print(f"   {system} failed (exit {result['returncode']}):\n{result['log_tail']}", flush=True)
-                runs[system].append({"seed": seed, "failed": True, "log_tail": result["log_tail"][-1500:]})
-                continue
-            row = {"seed": seed, **summarize(result, skip_first=args.steps > 1),
-                   **{k: result[k] for k in ("prompt_ids_identical", "prompt_tokens", "mask_check",
-                                             "prefix_preserving_template") if k in result},
-                   "eval": evaluate_adapter(spec, f"{system}-seed{seed}", result["adapter"], args.eval_questions),
-                   "steps": result["steps"]}
-            runs[system].append(row)
-            print(f"   {system} seed {seed}: step {row['step_s']:.1f} s, generation "
-                  f"{row['generation_s_per_1k_generated_tokens']:.1f} s/1k tokens, training "
-                  f"{row['training_s_per_1k_trained_tokens']:.2f} s/1k tokens, EM {row['eval']['em']:.3f}",
-                  flush=True)
+    # seed by seed, ours and TRL alternately; continuous batching (slow on a CPU, and its speed, not its learning, is
+    # the question) after them, so a long run of it never holds back the seeds
+    order = [(seed, system) for seed in range(args.seeds) for system in args.systems if system != "trl_cb"]
+    order += [(seed, "trl_cb") for seed in range(min(args.seeds, args.cb_seeds)) if "trl_cb" in args.systems]
+    for seed, system in order:
+        run_dir = out / "runs" / f"{system}-seed{seed}"
+        sample = out / "runs" / f"ours-seed{seed}" / "mask_sample.json"
+        wspec = dict(spec, mask_sample_from=str(sample) if system != "ours" else None)
+        print(f"== {system} seed {seed}", flush=True)
+        result = run_worker(system, wspec, seed, run_dir, out / "runs" / f"{system}-seed{seed}.log")
+        if result.get("failed"):
+            print(f"   {system} failed (exit {result['returncode']}):\n{result['log_tail']}", flush=True)
+            runs[system].append({"seed": seed, "failed": True, "log_tail": result["log_tail"][-1500:]})
+            continue
+        row = {"seed": seed, **summarize(result, skip_first=args.steps > 1),
+               **{k: result[k] for k in ("prompt_ids_identical", "prompt_tokens", "mask_check",
+                                         "prefix_preserving_template") if k in result},
+               "eval": evaluate_adapter(spec, f"{system}-seed{seed}", result["adapter"], args.eval_questions),
+               "steps": result["steps"]}
+        runs[system].append(row)
+        print(f"   {system} seed {seed}: step {row['step_s']:.1f} s, generation "
+              f"{row['generation_s_per_1k_generated_tokens']:.1f} s/1k tokens, training "
+              f"{row['training_s_per_1k_trained_tokens']:.2f} s/1k tokens, EM {row['eval']['em']:.3f}",
+              flush=True)
 
     def mean(system: str, key: str) -> float | None:
         values = [r[key] if key != "em" else r["eval"]["em"] for r in runs.get(system, []) if not r.get("failed")]
