@@ -7,7 +7,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/script/setup.sh"
 source "$ROOT/script/_common.sh"
 cd "$ROOT"
-"$PY" -m ruff check src tests service experiments
+"$PY" -m ruff check src tests service experiments docs/hooks
 set +e
 "$PY" -m pytest tests "$@"
 rc=$?

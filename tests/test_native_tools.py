@@ -269,8 +269,8 @@ def test_a_broken_tool_is_one_line_naming_it(tmp_path, case):
 
 
 def test_the_docs_tools_example_builds_and_calls_its_calculator(index_dir, smol):
-    """docs/tools.md's tools: section, as written, with a real index: the calculator it names answers its example."""
-    doc = (REPO / "docs" / "tools.md").read_text()
+    """docs/guides/tools.md's tools: section, as written, with a real index: its calculator answers its example."""
+    doc = (REPO / "docs" / "guides" / "tools.md").read_text()
     block = next(b for b in doc.split("```yaml")[1:] if "calculator.py" in b).split("```")[0]
     specs = yaml.safe_load(block)["tools"]
     assert specs == ["search", {"python": "examples/tools/calculator.py:calculate"}]

@@ -1,4 +1,4 @@
-"""A calculator tool: the worked example of docs/tools.md.
+"""A calculator tool: the worked example of docs/guides/tools.md.
 
 A tool is a typed function with a Google-style docstring; its JSON schema (name, description, each argument's type
 and description) is read from them. Give it to the agent with one line of YAML:

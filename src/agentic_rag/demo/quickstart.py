@@ -543,10 +543,11 @@ def run(s: Settings) -> dict[str, Any]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..malloc import release_freed_memory
+WIKI_ONLY = "--task wiki only"
 
-    release_freed_memory()  # SFT and evaluation run in this process (see agentic_rag.malloc)
+
+def build_parser() -> Parser:
+    """The quick start's command line (``python -m agentic_rag.demo.quickstart``, ``bash script/quickstart.sh``)."""
     ap = Parser(prog="quickstart", description="The quick start (see the module docstring).")
     ap.add_argument("--task", choices=("world", "wiki"), default="world",
                     help="world (default): the embedded fictional world; wiki: 2WikiMultiHopQA questions over a "
@@ -572,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-batches", choices=SFT_BATCHES, default=None,
                     help="how the real model's SFT batches its examples: random (default) or by_length (as before "
                     "2026-11-23; the model then seldom searches twice: experiments/real_model/README.md)")
-    wiki_only = ap.add_argument_group("--task wiki only")
+    wiki_only = ap.add_argument_group(WIKI_ONLY)
     wiki_only.add_argument("--questions", type=positive_int, default=None,
                            help="the first N training and validation questions only (a smoke run)")
     wiki_only.add_argument("--hotpotqa", action="store_true", help="also evaluate the SFT and GRPO adapters on "
@@ -592,6 +593,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--move-aside", action="store_true",
                     help="when --out holds something else (a folder of yours, or a quick start made with other "
                          "settings), rename it to NAME.moved-TIMESTAMP and start there (nothing is deleted)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # SFT and evaluation run in this process (see agentic_rag.malloc)
+    ap = build_parser()
+    wiki_only = next(g for g in ap._action_groups if g.title == WIKI_ONLY)
     args = ap.parse_args(argv)
     wiki = args.task == "wiki"
     given = [a.option_strings[0] for a in wiki_only._group_actions if getattr(args, a.dest) != a.default]

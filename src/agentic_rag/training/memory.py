@@ -498,8 +498,8 @@ def estimate(arch: ModelArch | str, setup: TrainingSetup) -> MemoryEstimate:
 
 
 def __getattr__(name: str) -> Any:
-    """``agentic_rag.training.memory.check_fits``, the import path README.md documents, kept working: the fit
-    check lives in :mod:`.memory_advice` (imported lazily, as it imports this module)."""
+    """``agentic_rag.training.memory.check_fits``, the import path docs/guides/memory.md documents, kept working:
+    the fit check lives in :mod:`.memory_advice` (imported lazily, as it imports this module)."""
     if name == "check_fits":
         from .memory_advice import check_fits
 

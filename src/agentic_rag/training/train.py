@@ -464,10 +464,8 @@ def _train(cfg: ExperimentConfig, state, *, resume: bool, move_aside: bool) -> d
     return {"global_step": trainer.state.global_step, "adapter": str(final), "swanlab_log_dir": log_dir}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..malloc import release_freed_memory
-
-    release_freed_memory()  # each launched process: freed activations go back to the system
+def build_parser() -> Parser:
+    """The command line of ``agentic-rag train`` and the launch scripts (their arguments after the config)."""
     ap = Parser(prog="agentic-rag train", description="Train a search agent with GRPO (see the module docstring).")
     ap.add_argument("--config", default=None, help="experiment YAML (experiments/training/*.yaml)")
     ap.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
@@ -481,6 +479,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="print every setting (dotted name, value, help) as resolved from the defaults, the config "
                          "file, the environment and --set, and exit; without --config, the defaults")
     ap.add_argument("--log-level", default=os.environ.get("AGENTIC_RAG_LOG_LEVEL") or "INFO")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..malloc import release_freed_memory
+
+    release_freed_memory()  # each launched process: freed activations go back to the system
+    ap = build_parser()
     args = ap.parse_args(argv)
     configure_logging(args.log_level)
     if args.describe:
