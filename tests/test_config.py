@@ -207,7 +207,7 @@ def test_command_line_and_file_problems_name_the_fix(good, tmp_path, capsys):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "missing.yaml")
     assert info.value.problems == [f"no such config file: {tmp_path / 'missing.yaml'} (the shipped ones are "
-                                   f"experiments/training/*.yaml)"]
+                                   f"experiments/training/*.yaml and src/agentic_rag/resources/configs/*.yaml)"]
     # train.py's data check: a question file with no questions, found by --check before any model loads
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
@@ -274,11 +274,25 @@ def test_every_setting_has_help():
 def test_shipped_training_configs_are_valid(tmp_path):
     from conftest import ROOT
 
-    for path in sorted((ROOT / "experiments" / "training").glob("*.yaml")):
+    shipped = sorted((ROOT / "experiments" / "training").glob("*.yaml")) + sorted(
+        (ROOT / "src" / "agentic_rag" / "resources" / "configs").glob("*.yaml"))
+    assert len(shipped) >= 6
+    for path in shipped:
         data = yaml.safe_load(path.read_text())
         data.setdefault("model", {})["name_or_path"] = data["model"].get("name_or_path") or "placeholder"
         cfg = config_from_dict(data, source=str(path), env={}, check_files=False)
         assert cfg.algorithm.max_steps >= 1, path
+
+
+def test_no_config_exists_twice():
+    """A shipped config lives in one place (the package's resources/configs/); experiments/ points at it, so no
+    copy can drift."""
+    from conftest import ROOT
+
+    packaged = {p.read_bytes(): p.name for p in (ROOT / "src" / "agentic_rag" / "resources" / "configs").glob("*")}
+    copies = [str(p.relative_to(ROOT)) for p in (ROOT / "experiments").rglob("*.yaml")
+              if p.read_bytes() in packaged or p.name in packaged.values()]
+    assert not copies, f"copies of packaged configs under experiments/: {copies}"
 
 
 # ------------------------------------------------------------------ sampling that the loss does not describe

@@ -26,7 +26,7 @@ from agentic_rag.rollout import RolloutSettings
 
 SMOL = "smollm2-135m-instruct"
 SYSTEM = "Answer the question by searching."  # the quick start's system prompt
-# the quick start's rollout budgets (experiments/training/world_grpo_smollm2.yaml)
+# the quick start's rollout budgets (src/agentic_rag/resources/configs/world_grpo_smollm2.yaml)
 LIMITS = RolloutSettings(max_turns=4, max_searches=3, max_tokens_per_turn=24, max_completion_tokens=200,
                        passages_per_search=1, max_observation_tokens=64)
 

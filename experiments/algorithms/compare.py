@@ -1,6 +1,6 @@
 """The algorithms side by side on the real-model task: the quick start's SFT start (SmolLM2-135M-Instruct with its
 SFT LoRA adapter, one world) trained by each preset with the quick start's budget (10 steps of 8 questions x 4
-rollouts, its learning rate and rollout limits; `experiments/training/world_grpo_smollm2.yaml`), 3 seeds each,
+rollouts, its learning rate and rollout limits; the packaged `world_grpo_smollm2.yaml`), 3 seeds each,
 then evaluated greedily on the world's held-out questions.
 
     python experiments/algorithms/compare.py --quickstart outputs/qs_w0_v4 --seeds 0,1,2

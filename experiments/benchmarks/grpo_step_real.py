@@ -5,7 +5,7 @@ config, from the quick start's SFT adapter.
         [--threads 2] [--set algorithm.per_device_train_batch_size=16 --set ...]
     python experiments/benchmarks/grpo_step_real.py --task wiki --quickstart outputs/quickstart_wiki --compare none
 
-``--task wiki`` measures the wiki task's step instead (``experiments/training/wiki_grpo_smollm2.yaml`` from
+``--task wiki`` measures the wiki task's step instead (``src/agentic_rag/resources/configs/wiki_grpo_smollm2.yaml`` from
 ``QUICKSTART/sft`` on ``QUICKSTART/data/train.jsonl`` and ``QUICKSTART/index``; ``--set model.adapter=DIR`` starts
 from another adapter, a recipe's own SFT start, and then the quick start needs none); ``--compare none`` measures the
 trainer as shipped alone. Every result splits the step into generation (the rollout less the time it only waited
@@ -13,7 +13,7 @@ for searches), search (the searches' own time, from the trainer's ``timing/searc
 the scoring forward passes and the rest of the training step (backward, optimizer).
 
 Each variant runs in its own process (``OMP_NUM_THREADS`` = ``--threads``, default 2; the JVM heap at 1 GB as
-the quick start sets it) and trains ``--steps`` optimizer steps of ``experiments/training/world_grpo_smollm2.yaml``
+the quick start sets it) and trains ``--steps`` optimizer steps of the packaged ``world_grpo_smollm2.yaml``
 (with the ``--set`` overrides) from ``QUICKSTART/sft`` on ``QUICKSTART/world`` and ``QUICKSTART/index``:
 
 * ``by_length``: the trainer as shipped: each optimizer step's rows dealt into micro-batches by length, each
@@ -48,8 +48,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {"world": ROOT / "experiments" / "training" / "world_grpo_smollm2.yaml",
-           "wiki": ROOT / "experiments" / "training" / "wiki_grpo_smollm2.yaml"}
+PACKAGED = ROOT / "src" / "agentic_rag" / "resources" / "configs"  # the shipped configs live only there
+CONFIGS = {"world": PACKAGED / "world_grpo_smollm2.yaml", "wiki": PACKAGED / "wiki_grpo_smollm2.yaml"}
 TRAIN_FILES = {"world": "world/train.jsonl", "wiki": "data/train.jsonl"}  # inside the quick start's directory
 CONFIG = CONFIGS["world"]
 

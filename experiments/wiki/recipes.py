@@ -3,7 +3,7 @@ by each recipe and scored greedily on the validation split while it trains (issu
 
     python experiments/wiki/recipes.py --quickstart outputs/quickstart_wiki --recipes start,multi_f1 --seeds 0
 
-Each recipe is a set of ``--set`` overrides of ``experiments/training/wiki_grpo_smollm2.yaml`` (the quick start's
+Each recipe is a set of ``--set`` overrides of the packaged ``wiki_grpo_smollm2.yaml`` (the quick start's
 training config), optionally with a training file restricted to some question kinds (``kinds``), in
 :data:`RECIPES`. A recipe with ``split`` starts from an SFT adapter of its own, fitted on half the training
 questions (every other question of each kind, in file order: :func:`split_sft`), and trains GRPO on the other

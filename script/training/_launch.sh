@@ -10,7 +10,7 @@ load_dotenv
 # run from the caller's folder: a relative config, model or output path is the caller's, not the checkout's (the
 # defaults below name the checkout's files by their full path)
 
-CONFIG="${TRAIN_CONFIG:-$ROOT/experiments/training/world_grpo.yaml}"
+CONFIG="${TRAIN_CONFIG:-$ROOT/src/agentic_rag/resources/configs/world_grpo.yaml}"
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then CONFIG="$1"; shift; fi
 [ -f "$CONFIG" ] || { echo "no such training config: $CONFIG" >&2; exit 2; }
 

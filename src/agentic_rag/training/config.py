@@ -469,8 +469,8 @@ def load_config(path: str | os.PathLike, *, env: Mapping[str, str] | None = None
                 overrides: Mapping[str, Any] | Sequence[str] | None = None,
                 check_files: bool = True) -> ExperimentConfig:
     if not Path(path).is_file() and not Path(path).is_dir():
-        raise SettingsError([f"no such config file: {path} (the shipped ones are experiments/training/*.yaml)"],
-                            str(path))
+        raise SettingsError([f"no such config file: {path} (the shipped ones are experiments/training/*.yaml and "
+                             f"src/agentic_rag/resources/configs/*.yaml)"], str(path))
     cfg = _load(path=path, source=str(path), env=env, overrides=overrides, check_files=check_files)
     if not cfg.logging.run_name:
         cfg.logging.run_name = Path(path).stem
