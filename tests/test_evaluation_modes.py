@@ -371,3 +371,43 @@ def test_by_kind_and_by_type_are_exact_in_the_summary_and_the_report(tmp_path, q
     assert "| scripted | yes_no | 2 | 0.500 | 0.500 | 0.500 | 0.50 |" in md
     assert "| scripted | comparison | 3 | 0.667 | 0.667 | 0.667 | 1.00 |" in md
     assert "## Samples" not in md and "mode agent" in md
+
+
+# ------------------------------------------------------------------------------------------------ plain replies
+
+
+def test_direct_scores_a_plain_reply_on_its_answer_span_and_the_agent_does_not(tmp_path, qwen_tokenizer):
+    """Baselines measure the model, not the protocol: a closed-book reply with no answer tag is scored on its
+    answer span (``answer_source: reply``); the agent's untagged reply scores 0 and counts as a format failure."""
+    rows = dev_rows(3)
+    turns = {rows[0]["question"]: [f"<think>let me recall</think> The answer is {rows[0]['answer']}. I am sure."],
+             rows[1]["question"]: [f"<answer>{rows[1]['answer']}</answer>"],
+             rows[2]["question"]: [f"{WRONG}\nand more"]}
+    for mode, expected_em, sources in (("direct", [1.0, 1.0, 0.0], ["reply", "tag", "reply"]),
+                                       ("agent", [0.0, 1.0, 0.0], [None, "tag", None])):
+        cfg = config(tmp_path, shared(DEV), dataset={"limit": 3}, mode=mode, output_dir=str(tmp_path / mode))
+        summary = run_evaluation(cfg, policy=TablePolicy(qwen_tokenizer, turns), tokenizer=qwen_tokenizer,
+                                 searcher=OneHitSearcher(), progress=False)
+        recs = records(tmp_path / mode)
+        assert [r["metrics"]["em"] for r in recs] == expected_em, mode
+        assert [r["answer_source"] for r in recs] == sources, mode
+        assert summary["answer_tag_rate"] == pytest.approx(1 / 3), mode
+        assert [r["metrics"]["well_formed"] for r in recs] == [0.0, 1.0, 0.0], mode
+    assert recs[0]["prediction"] is None and records(tmp_path / "direct")[0]["prediction"] == rows[0]["answer"]
+    assert records(tmp_path / "direct")[2]["prediction"] == WRONG
+
+
+@pytest.mark.parametrize("reply, span", [
+    ("<think>hmm</think> Paris.", "Paris"),
+    ("The answer is Paris. It is the capital.", "Paris"),
+    ('Answer: "Barack Obama"\nmore', "Barack Obama"),
+    ("I think the answer is: yes", "yes"),
+    ("\n\nJohn Smith was born in 1950. He moved", "John Smith was born in 1950"),
+    ("U.S.A. is the country.", "U.S.A. is the country"),
+    ("<search>who is it</search>", None),
+    ("<think>unfinished thought", None),
+])
+def test_the_answer_span_of_a_plain_reply(reply, span):
+    from agentic_rag.evaluation.modes import reply_answer
+
+    assert reply_answer(reply, get_dialect("agentic")) == span

@@ -138,7 +138,7 @@ def child(kind: str, work: Path, steps: int, model_tokens: int, obs: int, trl_to
     if kind == "ours":
         from rollout import WorkloadPolicy
 
-        from agentic_rag.rollout import RolloutSettings
+        from agentic_rag.rollout import PromptSettings, RolloutSettings
         from agentic_rag.search import open_searcher
         from agentic_rag.tools import SearchTool
         from agentic_rag.training.trainer import AgenticGRPOTrainer
@@ -150,7 +150,8 @@ def child(kind: str, work: Path, steps: int, model_tokens: int, obs: int, trl_to
         data = Dataset.from_list([{"prompt": r.question} for r in rows])
         trainer = AgenticGRPOTrainer(model, tokenizer=tok, reward_funcs=[reward], args=GRPOConfig(**common),
                                      train_dataset=data, tools=SearchTool(open_searcher(work / "index")),
-                                     limits=limits, chat=False, processors=[forcing._force], peft_config=lora)
+                                     settings=limits, prompt=PromptSettings(chat_template=False),
+                                     processors=[forcing._force], peft_config=lora)
     else:
         from agentic_rag.training.model import compact_lm_head_scoring
 

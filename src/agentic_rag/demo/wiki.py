@@ -13,7 +13,8 @@ is complete, so a second run (or one after a crash) goes on where the last one s
 3. gold trajectories of the training questions (one search a hop, then the gold answer) played through the real
    engine and index (:func:`agentic_rag.data.trajectories.make_trajectories`), with per-hop gold-hit rates;
 4. baselines, Search-R1's Table 2 in miniature: the base model closed book (``direct``), with the question's
-   passages in its prompt (``naive_rag``), and prompted as an agent with the dialect's full instructions;
+   passages in its prompt (``naive_rag``), both scored on the plain reply where it wrote no answer tag, and prompted
+   as an agent with the dialect's full instructions (scored on its answer tag alone: "formed" is its format rate);
 5. LoRA SFT on the gold trajectories (checkpointed: an interrupted SFT resumes; on a CPU with native bf16 under
    bf16 autocast, ``--sft-cpu-autocast``), then the SFT model greedy, and
    sampled (``--samples``, 4 rollouts) on the first 32 multi-hop validation questions: what GRPO has to work with;
@@ -302,8 +303,8 @@ def kind_row(name: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def wiki_table(rows: list[dict[str, Any]]) -> str:
-    # well-formed: the share that ended with an answer in the dialect's tags (a base model that never writes them
-    # scores 0 whatever it knows)
+    # formed: the share that ended with an answer in the dialect's tags (the agent's format failures, apart from its
+    # answers); closed book and naive RAG score a reply without the tags on its answer span, the agent does not
     cols = [("EM", "em"), ("F1", "f1"), ("formed", "well_formed"), ("srch/q", "searches"), ("yes/no", "em_yes_no"),
             ("pick1", "em_pick_one"),
             ("multi", "em_multi_hop"), ("comp", "em_comparison"), ("bridge", "em_bridge_comparison"),

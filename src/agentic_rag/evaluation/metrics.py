@@ -23,7 +23,9 @@ rewards); :func:`example_metrics` dispatches on them through :data:`METRIC_FUNCS
 
 The summary holds, besides the mean of every metric: ``n``, searches and turns per question, the
 per-question latency (seconds from the start of its batch to its finish) p50 / p99 / mean, tokens per
-question, how trajectories ended, search errors, and the judge's failure counts. Two more parts when the records
+question, how trajectories ended, search errors, ``answer_tag_rate`` (the share of replies that wrote the answer
+tag: the agent's format failures, reported apart from its answers; in ``direct`` and ``naive_rag`` mode the rest
+are scored on their plain reply), and the judge's failure counts. Two more parts when the records
 carry what they need:
 
 * ``samples`` (records with ``samples``: ``samples: N`` > 1): ``n`` per question, and for each accuracy metric m
@@ -138,6 +140,8 @@ def summarize(records: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> d
         "turns_per_question": _mean([r["num_turns"] for r in records]),
         "completion_tokens_per_question": _mean([r.get("completion_tokens", 0) for r in records]),
         "answered": sum(1 for r in records if r.get("prediction") is not None),
+        # the replies that wrote the answer tag (direct and naive_rag score the others' plain reply: answer_source)
+        "answer_tag_rate": _mean([float(r["answer_source"] == "tag") for r in records if "answer_source" in r]),
         "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
         "search_errors": sum(r.get("search_errors", 0) for r in records),
         "latency_s": {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),

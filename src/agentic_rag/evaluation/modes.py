@@ -31,6 +31,12 @@ the answer inside the dialect's answer tags and does not mention searching::
     naive_rag: Answer the question using the passages given with it and what you know. You may think inside
                <think> </think> first. Give the final answer, ... (as above)
 
+**Scoring the reply.** ``direct`` and ``naive_rag`` measure the model, not the protocol: a reply with no answer tag is
+scored on its answer span (:func:`reply_answer`), as FlashRAG's and Search-R1's baselines score plain replies, and
+the record says where its prediction came from (``answer_source``: ``tag``, ``reply`` or none); the summary counts
+the replies that wrote the tag (``answer_tag_rate``). In ``agent`` mode only the answer tag counts: the agent's
+format failures are its ``well_formed`` rate and its ``answer_tag_rate``, reported beside its answers.
+
 The chat template, the language and every other rollout limit apply as in ``agent`` mode. The query's passages
 are recorded with the example (``retrieval``: the query, the docids and titles shown, an error); the retrieval
 counts as one search query carried out (or failed) for ``search.max_failure_rate``, though not in
@@ -40,6 +46,7 @@ counts as one search query carried out (or failed) for ``search.max_failure_rate
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,3 +113,28 @@ def retrieve(searcher: Any, queries: Sequence[str], k: int) -> list[tuple[list[A
     except Exception as exc:  # noqa: BLE001 - a failed search is counted, never a crash mid-run
         reason = f"{type(exc).__name__}: {str(exc)[:200]}"
         return [([], reason) for _ in queries]
+
+
+# "the answer is X", "Answer: X", "Final answer - X": the span after the last such cue
+_CUE = re.compile(r"answer\s*(?:is\s*:?|:|-)\s*", re.IGNORECASE)
+_TAG = re.compile(r"<[^<>\s]{1,40}>")
+
+
+def reply_answer(text: str, dialect: Dialect) -> str | None:
+    """The answer span of a reply that wrote no answer tag (``direct`` and ``naive_rag``): the reply before any
+    search it attempted (what follows depends on the environment), its think block and tags removed; then the text
+    after the last "answer is" / "answer:" cue if there is one, else the first non-empty line; cut at its first
+    sentence end and stripped of quotes and trailing punctuation. None for a reply with no words."""
+    for tag in dialect.tool_tags:
+        text = text.split(tag.open, 1)[0]
+    text = re.sub(re.escape(dialect.think_open) + r".*?(?:" + re.escape(dialect.think_close) + r"|$)", " ", text,
+                  flags=re.DOTALL)
+    text = _TAG.sub(" ", text)
+    cues = list(_CUE.finditer(text))
+    if cues:
+        text = text[cues[-1].end():]
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.split(r"(?<=[^A-Z.])[.!?](?:\s|$)", line, maxsplit=1)[0]
+    line = line.strip().strip("\"'*`").rstrip(".,;:!? ").strip()
+    return line or None
+

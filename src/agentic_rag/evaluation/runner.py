@@ -248,10 +248,25 @@ def read_rows(cfg: EvalConfig) -> list[QARow]:
     return rows
 
 
-def _scores(row: QARow, traj, metrics: list[str], verdict) -> dict[str, float | None]:
+def prediction_of(traj, mode: str, dialect) -> tuple[str | None, str | None]:
+    """What a trajectory is scored on, and where it came from: its answer tag (``tag``); in ``direct`` and
+    ``naive_rag`` mode, a reply with no tag is scored on its answer span (``reply``: :func:`.modes.reply_answer`);
+    else nothing (None, None)."""
+    if traj.answer is not None:
+        return traj.answer, "tag"
+    if mode != "agent":
+        from .modes import reply_answer
+
+        answer = reply_answer(traj.text, dialect)
+        if answer is not None:
+            return answer, "reply"
+    return None, None
+
+
+def _scores(row: QARow, traj, metrics: list[str], verdict, prediction: str | None) -> dict[str, float | None]:
     options = row.meta.get("options") if isinstance(row.meta.get("options"), dict) else None
     well_formed = is_well_formed(traj.finish_reason, traj.answer, traj.events)
-    return example_metrics(traj.answer, row.answers, metrics, options=options, well_formed=well_formed,
+    return example_metrics(prediction, row.answers, metrics, options=options, well_formed=well_formed,
                            judge=None if verdict is None else verdict.value)
 
 
@@ -262,11 +277,12 @@ def _queries(traj) -> list[str]:
     return search_queries(traj.events)
 
 
-def _sample(row: QARow, traj, metrics: list[str], verdict) -> dict[str, Any]:
+def _sample(row: QARow, traj, metrics: list[str], verdict, predicted: tuple[str | None, str | None]) -> dict[str, Any]:
     """One sample of a question (``samples`` > 1): its answer, metrics, ending and searches (the queries too, so a
     right sample's searches can be replayed as a training trajectory: rejection sampling)."""
     failed, made = search_outcomes(traj.events)
-    out: dict[str, Any] = {"prediction": traj.answer, "metrics": _scores(row, traj, metrics, verdict),
+    out: dict[str, Any] = {"prediction": predicted[0], "answer_source": predicted[1],
+                           "metrics": _scores(row, traj, metrics, verdict, predicted[0]),
                            "finish_reason": traj.finish_reason, "num_searches": traj.num_searches,
                            "queries": _queries(traj), "search_errors": failed, "searches_made": made}
     if verdict is not None:
@@ -274,14 +290,15 @@ def _sample(row: QARow, traj, metrics: list[str], verdict) -> dict[str, Any]:
     return out
 
 
-def _record(row: QARow, traj, metrics: list[str], latency: float, verdict,
+def _record(row: QARow, traj, metrics: list[str], latency: float, verdict, predicted: tuple[str | None, str | None],
             samples: list[dict[str, Any]] | None = None, retrieval: dict[str, Any] | None = None) -> dict[str, Any]:
     """A question's line: its first sample's fields, then ``samples`` (all of them, when more than one) and
     ``retrieval`` (``naive_rag``'s search)."""
-    scores = samples[0]["metrics"] if samples else _scores(row, traj, metrics, verdict)
+    scores = samples[0]["metrics"] if samples else _scores(row, traj, metrics, verdict, predicted[0])
     failed, made = search_outcomes(traj.events)
     rec: dict[str, Any] = {
-        "id": row.id, "question": row.question, "gold": row.answers, "prediction": traj.answer, "metrics": scores,
+        "id": row.id, "question": row.question, "gold": row.answers, "prediction": predicted[0],
+        "answer_source": predicted[1], "metrics": scores,
         "finish_reason": traj.finish_reason, "num_searches": traj.num_searches, "num_turns": traj.num_turns,
         "queries": _queries(traj),
         "search_errors": failed, "searches_made": made,
@@ -503,16 +520,18 @@ def _run_batch(engine, tokenizer, cfg: EvalConfig, batch: list[QARow], metrics: 
     trajs = engine.run([prompts[i] for i in copies], [questions[i] for i in copies], hooks_cls(on_event=on_event),
                        rows=[rows[i] for i in copies])
     batch_time = time.perf_counter() - t0
+    predicted = [prediction_of(t, cfg.mode, engine.dialect) for t in trajs]
     verdicts: list[Any] = [None] * len(trajs)
     if "judge" in metrics and judge is not None:
         from ..rewards.judge import JudgeItem
 
-        items = [JudgeItem(questions[i], batch[i].answers, t.answer) for i, t in zip(copies, trajs, strict=True)]
+        items = [JudgeItem(questions[i], batch[i].answers, predicted[j][0]) for j, i in enumerate(copies)]
         verdicts = judge.judge_batch_detailed(items)
     records = []
     for i, row in enumerate(batch):
         first = i * n
-        samples = [_sample(row, trajs[j], metrics, verdicts[j]) for j in range(first, first + n)] if n > 1 else None
+        samples = [_sample(row, trajs[j], metrics, verdicts[j], predicted[j]) for j in range(first, first + n)] \
+            if n > 1 else None
         records.append(_record(row, trajs[first], metrics, finished.get(first, batch_time), verdicts[first],
-                               samples, retrieval[i]))
+                               predicted[first], samples, retrieval[i]))
     return records
