@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "agentic_rag.training.commands",
     "agentic_rag.evaluation.commands",
     "agentic_rag.serving.commands",
+    "agentic_rag.demo.results",
     "agentic_rag.export",
     "agentic_rag.tools.commands",
 ]

@@ -538,6 +538,10 @@ def run(s: Settings) -> dict[str, Any]:
     print(f"EM gain of GRPO over SFT per seed: {', '.join(f'{g:+.3f}' for g in gains)}; of the control: "
           f"{', '.join(f'{c - em_before:+.3f}' for c in summary['em_control'])}")
     print(f"reward curve: {s.out / 'reward_curve.png'}")
+    from .results import render
+
+    report = render(s.out)  # the plots and the paired claims with their intervals (agentic-rag report)
+    print(f"report: {s.out / 'report.md'} (plots: {', '.join(Path(p).name for p in report['plots'])})")
     print(watch_hint(str(log_dir)))
     print(f"summary: {s.out / 'summary.json'}")
     return summary

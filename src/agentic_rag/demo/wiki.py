@@ -465,6 +465,10 @@ def run(s: WikiSettings) -> dict[str, Any]:
           f"--questions {s.validation_file} --index {s.index_dir} --out OUT")
     print(watch_hint(str(log_dir)))
     print(f"summary: {s.out / 'summary.json'}")
+    from .results import render
+
+    report = render(s.out)  # the plots and the paired claims with their intervals (agentic-rag report)
+    print(f"report: {s.out / 'report.md'} (plots: {', '.join(Path(p).name for p in report['plots'])})")
     return summary
 
 
