@@ -99,7 +99,14 @@ def test_longer_observation_config_keeps_room_for_four_searches_and_drives_the_p
     # trajectories, SFT, evaluations and training runs all take their rollout limits from the settings' config
     s = observations.ObservationSettings(out=tmp_path, seeds=[0], config=path)
     assert s.train_config == path and wiki._rollout(s).max_observation_tokens == 256
-    assert wiki._rollout(wiki.WikiSettings(out=tmp_path, seeds=[0])).max_observation_tokens == 128
+    assert wiki._rollout(wiki.WikiSettings(out=tmp_path, seeds=[0], fast=True)).max_observation_tokens == 128
+    # the quick start's default is the best measured recipe: 256-token observations, token F1, 16 steps
+    best = wiki.WikiSettings(out=tmp_path, seeds=[0])
+    assert best.train_config == wiki.WIKI_BEST_CONFIG and wiki._rollout(best).max_observation_tokens == 256
+    cfg = load_config(best.train_config, env={}, check_files=False)
+    assert [r.name for r in cfg.rewards] == ["f1", "format"] and cfg.algorithm.max_steps == 16
+    assert cfg.model.gradient_checkpointing and cfg.sampling.max_batch_size == 32
+    assert cfg.rollout.max_completion_tokens == shipped.rollout.max_completion_tokens + 4 * 128
 
 
 def test_a_longer_observation_run_goes_on_from_the_shorter_runs_checkpoint(tmp_path: Path) -> None:

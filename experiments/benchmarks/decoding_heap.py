@@ -68,11 +68,11 @@ def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) ->
             with heap_for_blocks_below(threshold):
                 return run(self, *a, **k)
         AgentRollout.run = stretched
-    s = wiki.WikiSettings(out=quickstart, seeds=[0])
+    s = wiki.WikiSettings(out=quickstart, seeds=[0], fast=True)
     model, adapter = models_of(s, quickstart / "sft")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = wiki.WikiSettings(out=Path(tmp), seeds=[0])
+        work = wiki.WikiSettings(out=Path(tmp), seeds=[0], fast=True)
         for d in ("index", "data"):
             os.symlink(quickstart / d, work.out / d)
         subset = work.out / "questions.jsonl"

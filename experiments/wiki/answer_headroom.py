@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentic_rag.rollout.settings import SamplingSettings
     from agentic_rag.search.settings import SearchSettings
 
-    s = wiki.WikiSettings(out=qs, seeds=[0])
+    s = wiki.WikiSettings(out=qs, seeds=[0], fast=True)  # the recorded quick starts ran the short recipe
     model, adapter = models_of(s, qs / "sft")
     rollout, prompt = wiki._rollout(s), wiki._prompt(s)
     n = args.samples

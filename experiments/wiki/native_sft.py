@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--dialects", nargs="+", default=["agentic", "native"])
     ap.add_argument("--sft-lr", type=float, default=None, help="the SFT's learning rate (default the quick start's)")
     args = ap.parse_args()
-    s = WikiSettings(out=Path(args.out).resolve(), seeds=[0])
+    s = WikiSettings(out=Path(args.out).resolve(), seeds=[0], fast=True)  # the 128-token recipe it was recorded with
     tag_name = ""
     if args.sft_lr is not None:
         s.sft_learning_rate, tag_name = args.sft_lr, f"_lr{args.sft_lr:g}"

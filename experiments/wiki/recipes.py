@@ -23,6 +23,7 @@ validation EM (overall, multi-hop) at each validation step, against the SFT star
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import statistics
@@ -194,6 +195,9 @@ def quickstart_settings(path: Path, cls: type[wiki.WikiSettings] = wiki.WikiSett
     saved = json.loads((path / "settings.json").read_text())
     if saved.get("tiny") or saved.get("task") != "wiki":
         raise SystemExit(f"{path} is not a real-model wiki quick start")
+    # the recipe it was made with: every recorded one ran the short recipe (--fast), which these recipes build on
+    best = hashlib.sha256(wiki.WIKI_BEST_CONFIG.read_bytes()).hexdigest()
+    extra.setdefault("fast", saved.get("train_config_sha256") != best)
     return cls(out=path.resolve(), seeds=[0], questions=saved.get("questions"), **extra)
 
 

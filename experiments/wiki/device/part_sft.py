@@ -22,7 +22,7 @@ lines = open(".devdata/sft_data.jsonl").readlines()
 part = Path(f"/tmp/sft_part{n}.jsonl")
 part.write_text("".join(random.Random(0).sample(lines, min(n, len(lines)))))
 shutil.copy(".devdata/sft_data.jsonl.settings.json", f"{part}.settings.json")
-s = wiki.WikiSettings(out=Path("/tmp/part_sft"), seeds=[0])
+s = wiki.WikiSettings(out=Path("/tmp/part_sft"), seeds=[0], fast=True)
 summary = run_sft(
     model="smollm2-135m-instruct",
     data=str(part),
