@@ -882,3 +882,54 @@ def test_cache_surgery_keeps_every_logprob_exact(qwen_tokenizer, monkeypatch):
         model = torch.tensor(t.env_mask, dtype=torch.bool)
         assert torch.allclose(torch.tensor(t.logprobs)[model], lp[model], atol=1e-4), \
             (torch.tensor(t.logprobs)[model] - lp[model]).abs().max()
+
+
+def test_the_prompts_common_prefix_is_fed_once_and_changes_nothing(qwen_tokenizer, monkeypatch):
+    """A batch of new prompts shares its system prompt (and, in GRPO, each question's generations share the whole
+    prompt): the decoder feeds the common prefix once, as a batch of one, and copies its cache entries to every row.
+    The same scripted rollouts with it off decode the same tokens with the same log-probabilities (to float noise),
+    each one what the training-way re-scoring computes."""
+    from transformers import Qwen2ForCausalLM
+
+    from agentic_rag.rollout import decoding
+    from conftest import tiny_qwen_config
+
+    config = tiny_qwen_config(len(qwen_tokenizer))
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    tok = qwen_tokenizer
+    scripts = {"Searches then answers?": ["<search>alpha</search>", "<answer>a</answer>"],
+               "Answers at once?": ["<answer>now</answer>"],
+               "Thinks, then answers?": ["<think>" + "x " * 20 + "</think><answer>b</answer>"]}
+    questions = [q for q in scripts for _ in range(2)]  # two generations a question, as in a GRPO group
+    shared: list[int] = []
+    original = decoding.DecodeSession._prefill_shared
+
+    def spy(self, live):
+        before = self._cache
+        original(self, live)
+        if before is None and self._cache is not None:
+            shared.append(int(self._mask.shape[1]))
+
+    monkeypatch.setattr(decoding.DecodeSession, "_prefill_shared", spy)
+
+    def run():
+        policy = ForcedHFPolicy(model, tok, scripts)
+        engine = AgentRollout(policy, tok, FakeSearcher(), settings=RolloutSettings(max_tokens_per_turn=128))
+        return engine.run(prompts(tok, questions), questions)
+
+    on = run()
+    prefix = len(build_prompt(tok, "Q"))  # the system prompt and the template's opening: at least this much
+    assert shared and shared[0] >= prefix - 8, (shared, prefix)
+    monkeypatch.setattr(decoding, "MIN_SHARED", 10 ** 9)
+    shared.clear()
+    off = run()
+    assert not shared
+    for a, b in zip(on, off, strict=True):
+        assert a.completion_ids == b.completion_ids and a.env_mask == b.env_mask and a.answer == b.answer
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    recomputed = completion_logprobs(model, on, pad_id=tok.pad_token_id)
+    for t, lp in zip(on, recomputed, strict=True):
+        mask = torch.tensor(t.env_mask, dtype=torch.bool)
+        assert torch.allclose(torch.tensor(t.logprobs)[mask], lp[mask], atol=1e-4)

@@ -11,7 +11,10 @@ waits for another row's turn to end.
 How the cache stays correct: each step's block of inputs is left-padded to the longest row's pending
 input; padding and invalidated entries are masked out through the 2D attention mask, and every real token
 gets its own position id (its index in its row's context), so a row's tokens see exactly its own context.
-Holes left by padding are removed by re-prefilling the live rows when they outgrow the real content.
+Holes left by padding are removed by re-prefilling the live rows when they outgrow the real content. A batch of new
+prompts feeds their common prefix (the system prompt and tool listing; in GRPO, each question's whole prompt for all
+its generations share at least that) once, as a batch of one, and each row starts from a copy of its cache entries
+(:meth:`DecodeSession._prefill_shared`).
 
 Sampling is done here, not by ``model.generate``: ``log_softmax(logits / temperature)`` of the raw logits
 gives the recorded log-probability of the chosen token. The token is drawn from the same logits after the
@@ -41,6 +44,7 @@ import torch
 from .kv_cache import RESERVE, ReservedLayer, reserve_room
 
 STOP_EOS = "eos"
+MIN_SHARED = 16  # tokens of common prompt prefix worth a forward pass of their own (DecodeSession._prefill_shared)
 STOP_LENGTH = "length"
 
 # a logits processor here: (scores [n, V], the rows being sampled) -> scores
@@ -197,6 +201,7 @@ class DecodeSession:
         fed = [r for r in live if r.pending]
         if not fed:
             return []
+        self._prefill_shared(live)
         self._prefill_apart(live)
         n = len(live)
         input_ids, positions, new_mask = self._feed(live, [len(r.pending) for r in live])
@@ -251,6 +256,43 @@ class DecodeSession:
             row.pending = row.pending[k:]
         return (torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long),
                 torch.tensor(valid, dtype=torch.bool))
+
+    def _prefill_shared(self, live: list[Row]) -> None:
+        """Feed the prompts' common prefix once. When the cache is empty and every row starts at its first token (a
+        batch of new prompts: a GRPO step's questions times their generations, whose system prompt, tool listing and
+        question repeat), the longest prefix all rows share (at least ``MIN_SHARED`` tokens, and short of each row's
+        last token, which the step feeds to sample from) runs through the model once, as a batch of one; each row
+        gets a copy of its cache entries and feeds only the rest. The entries are the ones a batched prefill computes
+        (the same tokens at the same positions, over the same context); only the order of floating-point sums may
+        differ. Plain ``DynamicLayer`` caches only (the others: the usual prefill)."""
+        if self._cache is not None or len(live) < 2 or any(r.position or not r.pending for r in live):
+            return
+        first = live[0].pending
+        limit = min(len(r.pending) for r in live) - 1
+        common = 0
+        while common < limit and all(r.pending[common] == first[common] for r in live):
+            common += 1
+        if common < MIN_SHARED:
+            return
+        from transformers.cache_utils import DynamicLayer
+
+        ids = torch.tensor([first[:common]], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             position_ids=torch.arange(common, device=self.device)[None], use_cache=True,
+                             logits_to_keep=1)
+        cache = out.past_key_values
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            return  # another cache type: the rows prefill as usual
+        for layer in layers:
+            for name in ("keys", "values"):
+                shared = getattr(layer, name)
+                setattr(layer, name, shared.expand(len(live), *shared.shape[1:]).contiguous())
+        self._cache, self._mask = cache, torch.ones((len(live), common), dtype=torch.bool)
+        for row in live:
+            row.pending, row.position = row.pending[common:], common
+        self.forward_tokens += common
 
     def _prefill_apart(self, live: list[Row]) -> None:
         """Feed the long inputs (an observation appended to a resumed row, a new row's prompt) of a few rows
