@@ -416,7 +416,7 @@ def prepare(args) -> dict[str, Any]:
     from agentic_rag.training.config import load_config
 
     task = Path(args.task_dir or Path(args.out) / "task").resolve()
-    s = WikiSettings(out=task, seeds=[0], dialect="native", questions=args.questions)
+    s = WikiSettings(out=task, seeds=[0], dialect="native", questions=args.questions, fast=True)  # 128-token recipe
     build_task(s)
     init = build_model(s)
     if args.sft:
@@ -468,7 +468,7 @@ def run_worker(system: str, spec: dict[str, Any], seed: int, run_dir: Path, log_
 def evaluate_adapter(spec: dict[str, Any], name: str, adapter: str, questions: int) -> dict[str, Any]:
     from agentic_rag.demo.wiki import WikiSettings, evaluate
 
-    s = WikiSettings(out=Path(spec["task"]), seeds=[0], dialect="native")
+    s = WikiSettings(out=Path(spec["task"]), seeds=[0], dialect="native", fast=True)
     subset = Path(spec["task"]) / f"validation_first{questions}.jsonl"
     if not subset.exists():
         subset.write_text("".join(Path(spec["validation_file"]).read_text().splitlines(keepends=True)[:questions]))
