@@ -167,7 +167,8 @@ def main() -> int:
     ]
     Path(args.out).write_text("\n".join(out))
     print("\n".join(out))
-    print(json.dumps({"out": str(Path(args.out).resolve().relative_to(ROOT)), "fits": grid_summary,
+    out = Path(args.out).resolve()
+    print(json.dumps({"out": str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out), "fits": grid_summary,
                       "qwen2.5-32b_2x80_fitting_settings": len(fits_32b[80]),
                       "qwen2.5-32b_2x40_fitting_settings": fits_32b[40],
                       "recommended_2x80_gb": round(rec_80.total / GiB, 2), "longest_completion": longest,
