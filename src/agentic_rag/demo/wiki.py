@@ -18,8 +18,9 @@ is complete, so a second run (or one after a crash) goes on where the last one s
 5. LoRA SFT on the gold trajectories (checkpointed: an interrupted SFT resumes; on a CPU with native bf16 under
    bf16 autocast, ``--sft-cpu-autocast``), then the SFT model greedy, and
    sampled (``--samples``, 4 rollouts) on the first 32 multi-hop validation questions: what GRPO has to work with;
-6. per seed, GRPO from the SFT adapter (``resources/configs/wiki_grpo_smollm2.yaml``, greedy validation EM
-   in the log every few steps) and its shuffled-reward control (judged by its final evaluation alone);
+6. per seed, GRPO from the SFT adapter (``resources/configs/wiki_grpo_smollm2_best.yaml``, the best measured
+   recipe; ``--fast``: ``wiki_grpo_smollm2.yaml``; greedy validation EM in the log every few steps) and its
+   shuffled-reward control (judged by its final evaluation alone);
 7. every run on the validation split, the first seed's GRPO adapter and the SFT adapter also with search switched
    off and, with ``--random-passages``, with a searcher returning random passages (the GRPO gain must vanish: the
    two rows meet), and, with
