@@ -27,6 +27,7 @@ NOT_PRESETS = {
     (Path("demo/quickstart.py"), "grpo"): "the quick start's run label (grpo or control)",
     (Path("demo/wiki.py"), "grpo"): "the wiki quick start's run label and summary key (adapters: sft, grpo, control)",
     (Path("training/train.py"), "grpo"): "the progress line's tag ([grpo] step i/N; [sft] for SFT)",
+    (Path("demo/results.py"), "grpo"): "the quick start's run labels it reads (eval/seedN-grpo, eval/seedN-control)",
 }
 
 

@@ -48,12 +48,13 @@ def _records(run_dir: Path, name: str) -> dict[str, dict[str, Any]] | None:
 
 def comparisons(run_dir: Path, seeds: list[int]) -> dict[str, Any]:
     """GRPO against its SFT start and against its control, per seed and pooled, overall and per kind."""
-    sft = _records(run_dir, "sft")
-    runs = {seed: (_records(run_dir, f"seed{seed}-grpo"), _records(run_dir, f"seed{seed}-control")) for seed in seeds}
-    missing = [n for n, r in [("sft", sft)] + [(f"seed{s}-{k}", v) for s, (g, c) in runs.items()
-                                                for k, v in (("grpo", g), ("control", c))] if r is None]
+    found = {name: _records(run_dir, name)
+             for name in ["sft"] + [f"seed{seed}-{kind}" for seed in seeds for kind in ("grpo", "control")]}
+    missing = [name for name, records in found.items() if records is None]
     if missing:
         return {"missing": missing}
+    sft = found["sft"]
+    runs = {seed: (found[f"seed{seed}-grpo"], found[f"seed{seed}-control"]) for seed in seeds}
     kinds = sorted({k for r in sft.values() if (k := _kind(r))})
     groups: dict[str, Callable[[Record], bool] | None] = {"all": None}
     groups.update({kind: (lambda r, kind=kind: _kind(r) == kind) for kind in kinds})
