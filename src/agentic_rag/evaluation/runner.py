@@ -11,11 +11,12 @@ with :class:`~agentic_rag.rollout.AgentRollout`, ask the judge, score, and appen
 **Output** (``output_dir``):
 
 * ``predictions.jsonl``: one line per finished example: ``id, question, gold, prediction, metrics``,
+  ``answer_source`` (``tag``, ``reply``: a plain reply's answer span in ``direct`` / ``naive_rag`` mode, or None),
   ``judge`` (verdict status and reply), ``finish_reason, num_searches, num_turns, queries, search_errors``
   (failed search queries), ``searches_made`` (search queries carried out), ``latency_s, completion_tokens,
   model_tokens, trajectory`` (the completion text: model turns and
   observations) and a little ``meta`` (question kind and type, level, options); with ``samples: N`` > 1 these
-  are the first sample's, and ``samples`` lists every sample's ``prediction, metrics, finish_reason,
+  are the first sample's, and ``samples`` lists every sample's ``prediction, answer_source, metrics, finish_reason,
   num_searches, queries, search_errors, searches_made``; in ``naive_rag`` mode, ``retrieval`` holds the
   question's query, the docids and titles put in the prompt, and the search error if there was one;
 * ``summary.json``: the run's summary (:func:`~.metrics.summarize`: with samples, ``samples.pass_at_n``,
