@@ -68,6 +68,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import re
 import resource
 import shutil
@@ -170,6 +171,18 @@ class Meter:
         cls._generate_and_score_completions = timed_generate
         cls.compute_loss = counted_loss
         cls.train = train_with_clock
+
+
+def machine(threads: int) -> dict[str, Any]:
+    """The machine a record was measured on: timings of two records compare only on the same CPU (a CPU with
+    AVX512-BF16 or AMX also builds the SFT start under bf16 autocast, ``sft_cpu_autocast: auto``)."""
+    from agentic_rag.training.machine import cpu_has_native_bf16
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return {"cores": len(os.sched_getaffinity(0)), "threads": threads, "cpu": model,
+            "native_bf16": cpu_has_native_bf16()}
 
 
 def peak_rss_mb() -> float:
@@ -592,8 +605,7 @@ def main() -> None:
     compared = sum(m["tokens_compared"] for m in masks)
     agreement = sum(m["mask_agreement"] * m["tokens_compared"] for m in masks if m["mask_agreement"] is not None) / \
         compared if compared else None
-    record = {"command": " ".join(sys.argv), "machine": {"cores": len(os.sched_getaffinity(0)),
-                                                         "threads": args.threads},
+    record = {"command": " ".join(sys.argv), "machine": machine(args.threads),
               "spec": spec, "em_sft": em_sft, "runs": runs}
     (out / "vs_trl_tools.json").write_text(json.dumps(record, indent=1, default=str))
     if args.record:
