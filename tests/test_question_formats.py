@@ -107,6 +107,15 @@ def test_generic_reader_still_works():
     assert rows[0].answers == ["Nidal Malik Hasan"]
 
 
+def test_the_world_questions_keep_their_hops(tmp_path):
+    """The report's one-hop / two-hop claims read ``meta["hops"]``: the world's files must carry it through."""
+    from agentic_rag.data.world import write_world
+
+    paths = write_world(tmp_path / "world", seed=0)
+    rows = read_questions(paths["test"], require_answers=True)
+    assert {row.meta["hops"] for row in rows} == {1, 2}
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

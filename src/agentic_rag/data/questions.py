@@ -11,6 +11,7 @@ any of them: a JSON list or JSONL of objects with
   pairs (HotpotQA), or of ``[title, ...]`` lists (the AMOR HotpotQA dev file);
 * MedQA's ``options`` (letter -> text) and ``answer_idx`` (the gold letter) kept in ``meta``;
 * ``kind`` and ``type`` (strings) kept in ``meta`` in every format (evaluation's ``by_kind`` / ``by_type``).
+* the fictional world's ``hops`` (1 or 2) kept in ``meta`` (the report's one-hop / two-hop claims).
 
 Named formats (``format=``, recognised from the first record by default; the evaluation harness uses them),
 each read as the benchmark ships it:
@@ -116,7 +117,7 @@ def row_from_record(path: str | os.PathLike, line: int, position: int, obj: Any,
         answers = []
         for key in ("answer", "answers", "golden_answers", "answer_aliases"):
             answers.extend(_as_list(obj.get(key)))
-    meta = {k: obj[k] for k in ("options", "answer_idx", "type", "level", "meta_info") if k in obj}
+    meta = {k: obj[k] for k in ("options", "answer_idx", "type", "level", "meta_info", "hops") if k in obj}
     return QARow(id=str(qid), question=question.strip(), answers=list(dict.fromkeys(answers)),
                  gold_titles=gold_titles_of(obj.get("supporting_facts")), meta=meta)
 
