@@ -178,11 +178,14 @@ def machine(threads: int) -> dict[str, Any]:
     AVX512-BF16 or AMX also builds the SFT start under bf16 autocast, ``sft_cpu_autocast: auto``)."""
     from agentic_rag.training.machine import cpu_has_native_bf16
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
-        platform.processor()
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 platform.processor())
     return {"cores": len(os.sched_getaffinity(0)), "threads": threads, "cpu": model,
-            "native_bf16": cpu_has_native_bf16()}
+            "native_bf16": cpu_has_native_bf16(cpuinfo)}
 
 
 def peak_rss_mb() -> float:
