@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import subprocess
 import sys
@@ -208,6 +209,26 @@ def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, caps
     with pytest.raises(SystemExit) as other:
         quickstart.main(["--out", str(out), "--tiny", "--two-hop-correct", "0.4"])
     assert "two_hop_correct" in str(other.value.code) and not (out / "world").exists()
+
+
+@pytest.mark.parametrize("make", ["tiny", "native"])
+def test_settings_from_a_quick_starts_directory_are_the_ones_it_was_made_with(tmp_path, make):
+    """Scripts that train more from a quick start rebuild its settings from its settings.json (``from_dir``): the
+    same settings the directory was checked with, so ``check_settings`` accepts them; overrides go on top."""
+    from agentic_rag.demo import quickstart
+
+    made = tmp_path / make
+    s = (dataclasses.replace(quickstart.Settings.for_tiny(out=made, seeds=[0], world_seed=2), sft_epochs=3)
+         if make == "tiny" else
+         quickstart.Settings(out=made, seeds=[0], dialect="native", sft_examples=64, sft_batches="by_length"))
+    quickstart.check_settings(s)
+    again = quickstart.Settings.from_dir(made, seeds=[1, 2], workers=s.workers)
+    assert again == dataclasses.replace(s, seeds=[1, 2])
+    quickstart.check_settings(again)  # accepted: nothing differs
+    elsewhere = quickstart.Settings.from_dir(made, out=tmp_path / "other", sft_learning_rate=1e-4)
+    assert elsewhere.out == tmp_path / "other" and elsewhere.sft_learning_rate == 1e-4 and elsewhere.tiny == s.tiny
+    with pytest.raises(SystemExit, match="not a finished quick start's output"):
+        quickstart.Settings.from_dir(tmp_path / "nothing")
 
 
 def test_a_directory_made_before_random_sft_batches_is_refused(tmp_path):

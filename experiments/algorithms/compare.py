@@ -59,13 +59,13 @@ def slug(algorithm: str) -> str:
     return algorithm.replace(" (recipe)", "-recipe")
 
 
-def settings_of(quickstart: Path, seeds: list[int]) -> qs.Settings:
-    """The quick start's settings of that directory (its world seed; the rest are the defaults it checks)."""
-    saved = json.loads((quickstart / "settings.json").read_text())
-    if saved.get("tiny"):
+def settings_of(quickstart: Path, seeds: list[int], allow_tiny: bool = False) -> qs.Settings:
+    """The quick start's settings of that directory (its world seed; the rest are the defaults it checks). A
+    ``--tiny`` quick start only with ``allow_tiny`` (a smoke run of this script), with its SFT epochs and GRPO
+    steps as it was made."""
+    s = qs.Settings.from_dir(quickstart, seeds=seeds, workers=1)
+    if s.tiny and not allow_tiny:
         raise SystemExit(f"{quickstart} is a --tiny quick start: the comparison is on the real model")
-    s = qs.Settings(out=quickstart, seeds=seeds, world_seed=saved["world_seed"],
-                    sft_batches=saved.get("sft_batches", "random"))
     qs.check_settings(s)  # the same settings the directory was made with, or a clear refusal
     if not (quickstart / "sft" / "sft_summary.json").is_file():
         raise SystemExit(f"{quickstart} has no finished SFT: run the quick start there first")
@@ -178,13 +178,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the runs train (their checkpoints and logs)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "algorithms",
                     help="where each finished run's record, the table and the plot go")
+    ap.add_argument("--allow-tiny", action="store_true",
+                    help="accept a --tiny quick start (a smoke run of this script: the tiny model's numbers mean "
+                         "nothing)")
     args = ap.parse_args(argv)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in algorithms if a not in OVERRIDES]
     if unknown:
         ap.error(f"unknown algorithm(s) {unknown}; choose from {', '.join(OVERRIDES)}")
     seeds = [int(x) for x in args.seeds.split(",")]
-    s = settings_of(args.quickstart, seeds)
+    s = settings_of(args.quickstart, seeds, args.allow_tiny)
     qs.build_task(s)
     runs_dir = args.runs_dir / f"world{s.world_seed}"
     done_dir = args.record / "runs" / f"world{s.world_seed}"

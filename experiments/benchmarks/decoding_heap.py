@@ -48,7 +48,7 @@ def heap_resident_mb() -> int:
     return kb // 1024
 
 
-def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) -> dict:
+def measure(quickstart: Path, questions: int, variant: str, samples: int = 1, model_name: str | None = None) -> dict:
     import resource
 
     from agentic_rag.malloc import release_freed_memory
@@ -68,7 +68,7 @@ def measure(quickstart: Path, questions: int, variant: str, samples: int = 1) ->
             with heap_for_blocks_below(threshold):
                 return run(self, *a, **k)
         AgentRollout.run = stretched
-    s = wiki.WikiSettings(out=quickstart, seeds=[0], fast=True)
+    s = wiki.WikiSettings(out=quickstart, seeds=[0], fast=True, **({"model": model_name} if model_name else {}))
     model, adapter = models_of(s, quickstart / "sft")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,6 +97,8 @@ def main() -> int:
                     "1 on multi-hop questions)")
     ap.add_argument("--thresholds", default="32,256", help="comma-separated stretch thresholds in MiB (default "
                     "32,256)")
+    ap.add_argument("--model", default=None, help="the base model of QUICKSTART/sft (default: the wiki quick start's, "
+                    "the packaged SmolLM2-135M-Instruct; a model directory for a smoke run with a tiny model)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     qs = Path(args.quickstart).resolve()
@@ -104,7 +106,7 @@ def main() -> int:
         ap.error(f"no SFT adapter and index in {qs}: run the wiki quick start first "
                  "(bash script/quickstart.sh --task wiki)")
     if args.variant:
-        print("RESULT " + json.dumps(measure(qs, args.questions, args.variant, args.samples)), flush=True)
+        print("RESULT " + json.dumps(measure(qs, args.questions, args.variant, args.samples, args.model)), flush=True)
         return 0
     from agentic_rag.malloc import child_env
 
@@ -116,7 +118,8 @@ def main() -> int:
     for variant in ["mapped", *stretches, "glibc"]:
         extra = {"AGENTIC_RAG_MALLOC": "default"} if variant == "glibc" else {}
         out = subprocess.run([sys.executable, __file__, "--quickstart", str(qs), "--questions", str(args.questions),
-                              "--samples", str(args.samples), "--variant", variant], env={**env, **extra},
+                              "--samples", str(args.samples), "--variant", variant,
+                              *(["--model", args.model] if args.model else [])], env={**env, **extra},
                              capture_output=True, text=True)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not line:

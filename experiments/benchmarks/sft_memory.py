@@ -2,8 +2,10 @@
 with and without transparent huge pages for the mapped blocks.
 
     python experiments/benchmarks/sft_memory.py --data TRAJ.jsonl [--batch-size 8] [--no-gradient-checkpointing]
+        [--model smollm2-135m-instruct]
 
-Runs the same SFT (the packaged SmolLM2-135M-Instruct, LoRA r 16, one epoch of DATA) twice, one after the other:
+Runs the same SFT (the packaged SmolLM2-135M-Instruct, or ``--model``; LoRA r 16, one epoch of DATA) three times,
+one after the other:
 with ``AGENTIC_RAG_MALLOC=default`` (glibc's dynamic mmap threshold), with the fixed 1 MiB threshold the entry
 points set, and with that threshold and ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (the scripts' setting: glibc asks
 for transparent huge pages on the blocks it maps, so a fresh 30 MiB block costs 15 page faults instead of 7,680).
@@ -25,9 +27,10 @@ import time
 from pathlib import Path
 
 
-def run_sft(data: str, batch_size: int, gc: bool, malloc: str, hugetlb: bool) -> dict:
+def run_sft(data: str, batch_size: int, gc: bool, malloc: str, hugetlb: bool,
+            model: str = "smollm2-135m-instruct") -> dict:
     out = Path(tempfile.mkdtemp(prefix="sft_memory_")) / "sft"
-    cmd = [sys.executable, "-m", "agentic_rag.cli", "sft", "--model", "smollm2-135m-instruct", "--data", data,
+    cmd = [sys.executable, "-m", "agentic_rag.cli", "sft", "--model", model, "--data", data,
            "--out", str(out), "--epochs", "1", "--lr", "5e-4", "--lora-r", "16", "--lora-alpha", "32",
            "--save-steps", "0", "--batch-size", str(batch_size),
            "--gradient-checkpointing" if gc else "--no-gradient-checkpointing"]
@@ -52,17 +55,21 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="token-level trajectories (agentic-rag trajectories output)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--no-gradient-checkpointing", dest="gc", action="store_false")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="the base model SFT trains (default: the packaged smollm2-135m-instruct; a directory for a "
+                         "smoke run with a tiny model)")
     args = ap.parse_args()
     runs = {}
     for name, malloc, hugetlb in (("default", "default", False), ("on", "on", False), ("on_hugetlb", "on", True)):
-        runs[name] = run_sft(args.data, args.batch_size, args.gc, malloc, hugetlb)
+        runs[name] = run_sft(args.data, args.batch_size, args.gc, malloc, hugetlb, args.model)
         print(name, runs[name], flush=True)
     d, o, h = runs["default"], runs["on"], runs["on_hugetlb"]
 
     def cpu(r: dict) -> float:
         return r["user_s"] + r["sys_s"]
 
-    print(json.dumps({"data": args.data, "batch_size": args.batch_size, "gradient_checkpointing": args.gc,
+    print(json.dumps({"data": args.data, "model": args.model, "batch_size": args.batch_size,
+                      "gradient_checkpointing": args.gc,
                       "glibc_default": d, "fixed_threshold": o, "fixed_threshold_hugetlb": h,
                       "peak_rss_ratio": round(o["peak_rss_gib"] / d["peak_rss_gib"], 3),
                       "cpu_s_ratio": round(cpu(o) / cpu(d), 3),

@@ -100,6 +100,7 @@ def settings_overrides(spec: dict[str, Any], seed: int, run_dir: Path) -> dict[s
             "algorithm.gradient_accumulation_steps": per_step // micro,
             "logging.swanlab_mode": "disabled", "logging.validation_file": ""}
     sets.update({f"rollout.{k}": v for k, v in spec["room"].items()})
+    sets.update(kv.split("=", 1) for kv in spec.get("sets", []))  # --set: after the benchmark's own
     return sets
 
 
@@ -432,7 +433,8 @@ def prepare(args) -> dict[str, Any]:
     from agentic_rag.training.config import load_config
 
     task = Path(args.task_dir or Path(args.out) / "task").resolve()
-    s = WikiSettings(out=task, seeds=[0], dialect="native", questions=args.questions, fast=True)  # 128-token recipe
+    s = WikiSettings(out=task, seeds=[0], dialect="native", questions=args.questions, fast=True,  # 128-token recipe
+                     **({"model": args.model} if args.model else {}))
     build_task(s)
     init = build_model(s)
     if args.sft:
@@ -453,7 +455,7 @@ def prepare(args) -> dict[str, Any]:
             "system_prompt": "Answer the question by searching.", "room": native_room(rollout),
             "steps": args.steps, "generations": args.generations, "questions_per_step": args.questions_per_step,
             "micro_batch": args.micro_batch, "mask_sample": 16, "threads": args.threads,
-            "trl_lm_head": args.trl_lm_head}
+            "trl_lm_head": args.trl_lm_head, "sets": args.sets}
 
 
 def run_worker(system: str, spec: dict[str, Any], seed: int, run_dir: Path, log_path: Path) -> dict[str, Any]:
@@ -533,10 +535,17 @@ def main() -> None:
     ap.add_argument("--sft-lr", type=float, default=1e-3,
                     help="the built SFT's learning rate (1e-3: the native format's best in experiments/quickstart)")
     ap.add_argument("--questions", type=int, default=None, help="keep the first N questions of each split (smoke)")
+    ap.add_argument("--model", default=None,
+                    help="the base model of the SFT start and of every system (default: the wiki quick start's, the "
+                         "packaged SmolLM2-135M-Instruct; a model directory whose chat template knows tools, e.g. a "
+                         "tiny random Qwen2, for a smoke run)")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--trl-lm-head", choices=("compact", "shipped"), default="compact",
                     help="compact: TRL's LM head projects only the labelled positions on the CPU too, as on a GPU and "
                          "as ours does (the default); shipped: TRL 1.16 as installed (every position on a CPU)")
+    ap.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE",
+                    help="a training config override for every system, applied after the benchmark's own (e.g. "
+                         "rollout.max_completion_tokens=64: a random model of a smoke run writes to the budget)")
     ap.add_argument("--record", action="store_true", help=f"also write the run to {RESULTS}")
     ap.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
@@ -554,6 +563,8 @@ def main() -> None:
         return
     if not args.out:
         ap.error("--out is required")
+    if bad := [kv for kv in args.sets if "=" not in kv]:
+        ap.error(f"--set takes KEY=VALUE, got {bad}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     spec = dict(prepare(args), out=str(out))

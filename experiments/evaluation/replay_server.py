@@ -49,11 +49,12 @@ class Replay:
 
     def complete(self, body: dict) -> tuple[int, dict]:
         prompt = body.get("prompt", "")
-        question = prompt.rsplit("\nUser: ", 1)[-1].split("\nAssistant: ", 1)[0].strip()
+        # the base-model prompt ends in "Assistant:" with no space after it; the model's turns follow
+        question = prompt.rsplit("\nUser: ", 1)[-1].split("\nAssistant:", 1)[0].strip()
         turns = self.turns.get(question)
         if turns is None:
             return 404, {"error": {"message": f"no recorded rollout for {question[:80]!r}"}}
-        assistant = prompt.rsplit("\nAssistant: ", 1)[-1]
+        assistant = prompt.rsplit("\nAssistant:", 1)[-1]
         n = assistant.count(DOCS_CLOSE)
         text = turns[n] if n < len(turns) else ""
         hits = [(text.find(s), s) for s in body.get("stop") or [] if s in text]

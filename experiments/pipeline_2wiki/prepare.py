@@ -48,12 +48,12 @@ def main() -> None:
     tok = load_tokenizer(str(Path(args.data) / "rtp-llm-qwen-tokenizer" / "qwen2_tokenizer"))
     init_tiny_model(tok, out / "init", size=TinyModelSize(hidden_size=128, layers=4, heads=4, intermediate_size=256,
                                                           max_positions=1024))
-    experts = [{"question": r.question, "kind": "search_then_answer",
+    experts = [{"question": r.question, "answer": r.answers[0], "kind": "search_then_answer",
                 "turns": [f"<search> {r.question} </search>", f"<answer> {r.answers[0]} </answer>"]}
                for r in train]
     info = write_expert_trajectories(
         experts, out / "sft_data.jsonl", tokenizer=tok, searcher=open_searcher(args.index),
-        prompt_ids=lambda q: build_prompt(tok, q, "agentic", chat=False, system=SYSTEM_PROMPT), limits=LIMITS)
+        prompt_ids=lambda q: build_prompt(tok, q, "agentic", chat=False, system=SYSTEM_PROMPT), settings=LIMITS)
     print(json.dumps({"train": len(train), "dev": len(dev), "experts": info}))
 
 

@@ -24,7 +24,9 @@ from agentic_rag.models import load_causal_lm, load_tokenizer
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quickstart", required=True, help="a quick start's output directory (its sft/ and index/)")
+    ap.add_argument("--quickstart", required=True,
+                    help="a quick start's output directory (its sft/, index/ and settings.json: the real model's or "
+                         "the tiny one's)")
     ap.add_argument("--world-seed", type=int, required=True)
     ap.add_argument("--temperatures", default="1.0,1.3")
     ap.add_argument("--split", choices=("train", "test"), default="train")
@@ -32,11 +34,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     args = ap.parse_args()
     out = Path(args.quickstart)
-    s = qs.Settings(out=out, seeds=[0], world_seed=args.world_seed)
+    s = qs.Settings.from_dir(out, world_seed=args.world_seed)  # the tiny model or the real one, as it was made
     train, test = questions(generate_world(args.world_seed))
     two_hop = [q for q in (train if args.split == "train" else test) if q["hops"] == 2][:args.questions]
-    tok = load_tokenizer(qs.REAL_MODEL)
-    model = load_causal_lm(qs.REAL_MODEL, adapter=str(out / "sft"), device="cpu")
+    base, adapter = qs.models_of(s, out / "sft")
+    tok = load_tokenizer(base)
+    model = load_causal_lm(base, adapter=adapter or None, device="cpu")
     for temperature in (float(t) for t in args.temperatures.split(",")):
         torch.manual_seed(0)
         started = time.perf_counter()

@@ -128,11 +128,15 @@ class SlowBackend(http.server.BaseHTTPRequestHandler):
 # ---------------------------------------------------------------------------------------------- the server
 
 
+def help_text(src: Path, argv: list[str]) -> str:
+    """The ``--help`` of the command in ``src`` (to see which flags that tree has)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run([*argv, "--help"], capture_output=True, text=True, env=env, timeout=300).stdout
+
+
 def supports(src: Path, argv: list[str], flag: str) -> bool:
     """Whether the command in ``src`` has ``flag`` (the code before the fix lacks the grace-period flag)."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    out = subprocess.run([*argv, "--help"], capture_output=True, text=True, env=env, timeout=300)
-    return flag in out.stdout
+    return flag in help_text(src, argv)
 
 
 def start(argv: list[str], env: dict[str, str], url: str, log_path: Path, timeout: float = 300) -> subprocess.Popen:
@@ -320,11 +324,13 @@ def measure_chat(args: argparse.Namespace, src: Path, work: Path, index: Path) -
     entry = src.parent / "service" / "chat_server.py"
     argv = [sys.executable, str(entry), "--model", str(model), "--index", str(index), "--port", str(port),
             "--model-name", MODEL_NAME, "--max-tokens-per-turn", "4096", "--log-level", "INFO"]
+    chat_help = help_text(src, [sys.executable, str(entry)])
+    if "--max-completion-tokens" in chat_help:  # a tree with a total budget refuses a turn larger than it
+        argv += ["--max-completion-tokens", "4096"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTIC_RAG_CHAT_")}
     env.update({"AGENTIC_RAG_CHAT_SHUTDOWN_GRACE_S": str(args.grace_s), "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1"})
-    grace: Any = args.grace_s if supports(src, [sys.executable, str(entry)], "--shutdown-grace-s") \
-        else "10 (fixed)"
+    grace: Any = args.grace_s if "--shutdown-grace-s" in chat_help else "10 (fixed)"
     log_path = work / "chat.log"
     proc = start(argv, env, url, log_path)
     try:

@@ -17,9 +17,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--index", required=True)
     ap.add_argument("--questions", required=True)
+    ap.add_argument("--tune", type=int, default=100,
+                    help="the first N questions tune, the rest are held out (default 100: of the 500 dev questions)")
     args = ap.parse_args()
     rows = read_questions(args.questions)
-    splits = {"tune_first100": rows[:100], "heldout_last400": rows[100:]}
+    splits = {f"tune_first{args.tune}": rows[:args.tune], f"heldout_last{len(rows) - args.tune}": rows[args.tune:]}
     bm25 = CachedSearcher(open_searcher(args.index, "bm25"), 100_000)
     dense = CachedSearcher(open_searcher(args.index, "dense"), 100_000)
 

@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("quickstart", type=Path, help="a wiki quick start's output directory (with eval/sft)")
     ap.add_argument("--samples", type=int, default=16, help="answers sampled per question (default 16)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="QUICKSTART is a --tiny wiki quick start's output (its SFT a whole model; a pipeline check "
+                         "whose numbers mean nothing)")
     args = ap.parse_args(argv)
     qs = args.quickstart.resolve()
     greedy_file = qs / "eval" / "sft" / "predictions.jsonl"
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from agentic_rag.rollout.settings import SamplingSettings
     from agentic_rag.search.settings import SearchSettings
 
-    s = wiki.WikiSettings(out=qs, seeds=[0], fast=True)  # the recorded quick starts ran the short recipe
+    # the recorded quick starts ran the short recipe
+    s = wiki.WikiSettings.for_tiny(out=qs, seeds=[0]) if args.tiny else wiki.WikiSettings(out=qs, seeds=[0], fast=True)
     model, adapter = models_of(s, qs / "sft")
     rollout, prompt = wiki._rollout(s), wiki._prompt(s)
     n = args.samples

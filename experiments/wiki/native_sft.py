@@ -35,11 +35,24 @@ def main() -> None:
     ap.add_argument("--train-questions", type=int, default=256)
     ap.add_argument("--dialects", nargs="+", default=["agentic", "native"])
     ap.add_argument("--sft-lr", type=float, default=None, help="the SFT's learning rate (default the quick start's)")
+    ap.add_argument("--sft-epochs", type=float, default=None,
+                    help="the SFT's epochs (default the quick start's: 1, 10 with --tiny)")
+    ap.add_argument("--questions", type=int, default=None,
+                    help="the first N training and validation questions only (a smoke run; default all: 764 and 200)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the wiki quick start's tiny from-scratch model instead of SmolLM2 (a pipeline check whose "
+                         "numbers mean nothing; the agentic dialect only: its tokenizer has no chat template)")
     args = ap.parse_args()
-    s = WikiSettings(out=Path(args.out).resolve(), seeds=[0], fast=True)  # the 128-token recipe it was recorded with
+    out = Path(args.out).resolve()
+    # the 128-token recipe it was recorded with
+    s = WikiSettings.for_tiny(out=out, seeds=[0], questions=args.questions) if args.tiny else \
+        WikiSettings(out=out, seeds=[0], fast=True, questions=args.questions)
     tag_name = ""
     if args.sft_lr is not None:
         s.sft_learning_rate, tag_name = args.sft_lr, f"_lr{args.sft_lr:g}"
+    if args.sft_epochs is not None:
+        s.sft_epochs = args.sft_epochs
+        tag_name += f"_ep{args.sft_epochs:g}"
     build_task(s)
     init = build_model(s)
     train = subset(s.train_file, args.train_questions, s.out / f"train_first{args.train_questions}.jsonl")

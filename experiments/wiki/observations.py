@@ -182,13 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--validate-every", type=int, default=4,
                     help="steps between greedy validations (0: at the end only; one costs 10-13 min on 2 cores)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
+    ap.add_argument("--tiny", action="store_true",
+                    help="QUICKSTART is a --tiny wiki quick start's output (a pipeline check: its numbers mean "
+                         "nothing, so give --record elsewhere)")
     args = ap.parse_args(argv)
     if args.multi_hop_copies < 1:
         ap.error(f"--multi-hop-copies {args.multi_hop_copies}: must be 1 or more")
     qs = args.quickstart.resolve()
     name = f"obs{args.tokens}"
     work = qs / name
-    s = quickstart_settings(qs, ObservationSettings)  # exits before writing anything when qs is not one
+    s = quickstart_settings(qs, ObservationSettings, tiny=args.tiny)  # exits before writing anything when qs is not one
     s.config = write_config(args.tokens, work / "wiki_grpo.yaml")
     started = time.perf_counter()
     init = wiki.build_model(s)

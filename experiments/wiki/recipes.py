@@ -176,11 +176,18 @@ def validation(run: Path) -> list[dict[str, Any]]:
     return wiki.validation_curve(run)
 
 
-def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str, Any]:
+def run_name(name: str, seed: int, steps: int | None = None) -> str:
+    """A recipe's run folder and record: ``NAME-seedS``, ``NAME-Nsteps-seedS`` when ``--steps`` cut it."""
+    return f"{name}-seed{seed}" if steps is None else f"{name}-{steps}steps-seed{seed}"
+
+
+def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path, steps: int | None = None) -> dict[str, Any]:
     sft_dir = split_sft(s) if RECIPES[name].get("split") else s.out / "sft"
     sets = recipe_sets(s, name)
+    if steps is not None:
+        sets["algorithm.max_steps"] = steps
     started = time.perf_counter()
-    run = train_run(s, sft_dir, f"{name}-seed{seed}", seed, sets, runs_dir=runs_dir)
+    run = train_run(s, sft_dir, run_name(name, seed, steps), seed, sets, runs_dir=runs_dir)
     summary = json.loads((run / "train_summary.json").read_text())
     return {"recipe": name, "seed": seed, "help": RECIPES[name]["help"], "run": str(run),
             "sets": {k: str(v) for k, v in sets.items()}, "validation": validation(run), "curves": curves(run),
@@ -188,13 +195,18 @@ def one(s: wiki.WikiSettings, name: str, seed: int, runs_dir: Path) -> dict[str,
             "peak_rss_mb": summary.get("peak_rss_mb")}
 
 
-def quickstart_settings(path: Path, cls: type[wiki.WikiSettings] = wiki.WikiSettings,
+def quickstart_settings(path: Path, cls: type[wiki.WikiSettings] = wiki.WikiSettings, tiny: bool = False,
                         **extra: Any) -> wiki.WikiSettings:
     """The settings of the real-model wiki quick start in ``path`` (as ``cls``, with ``extra``); exits when it is not
-    one."""
+    one. ``tiny``: of a ``--tiny`` wiki quick start instead (its SFT settings; a pipeline check, whose numbers mean
+    nothing), and only of one."""
     saved = json.loads((path / "settings.json").read_text())
-    if saved.get("tiny") or saved.get("task") != "wiki":
-        raise SystemExit(f"{path} is not a real-model wiki quick start")
+    if saved.get("task") != "wiki" or bool(saved.get("tiny")) != tiny:
+        raise SystemExit(f"{path} is not a {'tiny' if tiny else 'real-model'} wiki quick start")
+    if tiny:
+        s = cls.for_tiny(out=path.resolve(), seeds=[0], questions=saved.get("questions"), **extra)
+        s.sft_epochs, s.sft_learning_rate = saved["sft_epochs"], saved["sft_learning_rate"]
+        return s
     # the recipe it was made with: every recorded one ran the short recipe (--fast), which these recipes build on
     best = hashlib.sha256(wiki.WIKI_BEST_CONFIG.read_bytes()).hexdigest()
     extra.setdefault("fast", saved.get("train_config_sha256") != best)
@@ -233,12 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--runs-dir", type=Path, default=ROOT / "outputs" / "wiki_recipes")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="every recipe's length (default: the recipe's own, 12 unless it says); the runs and records "
+                         "are named NAME-Nsteps-seedS")
+    ap.add_argument("--tiny", action="store_true",
+                    help="QUICKSTART is a --tiny wiki quick start's output (a pipeline check: its numbers mean "
+                         "nothing, so give --record and --runs-dir elsewhere)")
     args = ap.parse_args(argv)
     names = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = [r for r in names if r not in RECIPES]
     if unknown:
         ap.error(f"unknown recipe(s) {unknown}; known: {', '.join(RECIPES)}")
-    s = quickstart_settings(args.quickstart)
+    if args.steps is not None and args.steps < 1:
+        ap.error(f"--steps {args.steps}: must be 1 or more")
+    s = quickstart_settings(args.quickstart, tiny=args.tiny)
     if not (args.quickstart / "sft" / "sft_summary.json").is_file():
         raise SystemExit(f"{args.quickstart} has no finished SFT: run the wiki quick start there first")
     start = sft_start(s)
@@ -248,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for seed in (int(x) for x in args.seeds.split(",")):
         for name in names:
-            path = done_dir / f"{name}-seed{seed}.json"
+            path = done_dir / f"{run_name(name, seed, args.steps)}.json"
             if path.is_file():
                 records.append(json.loads(path.read_text()))
                 continue
@@ -257,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             if RECIPES[name].get("split"):
                 own_start = sft_start(s, True)
                 print(f"   split SFT start: {json.dumps(own_start)}", flush=True)
-            record = one(s, name, seed, args.runs_dir)
+            record = one(s, name, seed, args.runs_dir, args.steps)
             record["command"] = " ".join(["python", "experiments/wiki/recipes.py", *(argv or sys.argv[1:])])
             record["sft_start"] = own_start
             atomic_write_text(path, json.dumps(record, indent=1) + "\n")

@@ -122,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="keep samples regardless of their answer (see above)")
     ap.add_argument("--sft-seed", type=int, default=0, help="the SFT's seed (the samples are the same for every seed)")
     ap.add_argument("--record", type=Path, default=ROOT / "experiments" / "wiki")
+    ap.add_argument("--tiny", action="store_true",
+                    help="QUICKSTART is a --tiny wiki quick start's output (a pipeline check: its numbers mean "
+                         "nothing, so give --record elsewhere)")
     args = ap.parse_args(argv)
-    s = quickstart_settings(args.quickstart)
+    s = quickstart_settings(args.quickstart, tiny=args.tiny)
     # the kept trajectories are the same for every --sft-seed; other sample counts than the default get their own
     # files (the default's names are the ones the first runs were recorded under)
     kind = ("rft_control" if args.control else "rft") + ("" if args.samples == 4 else f"_samples{args.samples}")
@@ -143,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     n = scripted_questions(s, picks, questions)
     print(f"kept {n} trajectories of {len(picks)} questions: {kept}", flush=True)
     trajs = s.out / f"sft_data_{kind}_replayed.jsonl"  # played through the real engine, as the gold ones are
-    replayed = wiki.trajectories(s, wiki.build_model(s), questions=questions, out=trajs)
+    if n:
+        replayed = wiki.trajectories(s, wiki.build_model(s), questions=questions, out=trajs)
+    else:  # no sample kept (a policy that never answers right): the SFT half's gold trajectories alone
+        atomic_write_text(trajs, "")
+        replayed = {"trajectories": 0}
     data = s.out / f"sft_data_{kind}.jsonl"
     if not data.is_file():
         shutil.copy(s.out / "sft_data_split.jsonl.settings.json", f"{data}.settings.json")

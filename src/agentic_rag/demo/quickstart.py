@@ -30,6 +30,7 @@ the tiny model's runs, too small to use 2 threads, go two at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -112,6 +113,20 @@ class Settings:
         kw.setdefault("workers", 2)
         return cls(tiny=True, model="", sft_examples=None, sft_epochs=10, sft_learning_rate=1e-3, **kw)
 
+    @classmethod
+    def from_dir(cls, made: Path, **overrides: Any) -> Settings:
+        """The settings the quick start in ``made`` was run with (its ``settings.json``, as ``check_settings`` wrote
+        it), for a script that trains or evaluates more from it; ``overrides`` on top (``out``, ``seeds``,
+        ``workers``, ...; ``out`` defaults to ``made``, ``seeds`` to [0])."""
+        path = Path(made) / "settings.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{made} is not a finished quick start's output: {path} is unreadable ({e})") from None
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {"out": Path(made), "seeds": [0], **{k: v for k, v in saved.items() if k in known}}
+        return cls(**{**kw, **overrides})
+
     @property
     def train_config(self) -> Path:
         return TINY_CONFIG if self.tiny else REAL_CONFIG
@@ -153,8 +168,6 @@ def _step(title: str) -> float:
 def _rollout(s: Settings):
     """The training config's rollout settings, so the SFT data, its adapter, training and evaluation all run with
     the very same ones."""
-    import dataclasses
-
     from ..training.config import load_config
 
     rollout = load_config(s.train_config, env={}, check_files=False).rollout
@@ -272,11 +285,13 @@ def models_of(s: Settings, sft_dir: Path) -> tuple[str, str]:
 
 
 def evaluate(s: Settings, name: str, model: str, adapter: Path | str | None, *,
-             system_prompt: str | None = SYSTEM_PROMPT) -> dict[str, Any]:
-    """Greedy evaluation on the held-out questions (the evaluation runner, resumable). ``system_prompt=None``:
-    the dialect's full instructions (the prompted model's)."""
+             system_prompt: str | None = SYSTEM_PROMPT, samples: int = 1) -> dict[str, Any]:
+    """Evaluation on the held-out questions (the evaluation runner, resumable): greedy, or ``samples`` rollouts a
+    question at temperature 1 (the summary's ``samples``: pass@n, mean over samples). ``system_prompt=None``: the
+    dialect's full instructions (the prompted model's)."""
     from ..evaluation.config import DatasetSection, EvalConfig, PolicySection
     from ..evaluation.runner import run_evaluation
+    from ..rollout.settings import SamplingSettings
     from ..search.settings import SearchSettings
 
     out = s.out / "eval" / name
@@ -287,7 +302,8 @@ def evaluate(s: Settings, name: str, model: str, adapter: Path | str | None, *,
         policy=PolicySection(type="local", model=str(model), adapter=str(adapter or ""), tokenizer=str(model),
                              device="cpu"),
         search=SearchSettings(index=str(s.out / "index")), rollout=_rollout(s), prompt=_prompt(s, system_prompt),
-        batch_size=64, metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
+        samples=samples, sampling=SamplingSettings(temperature=1.0 if samples > 1 else 0.0),
+        batch_size=max(1, 64 // samples), metrics=["em", "f1", "well_formed"], output_dir=str(out), seed=0)
     return run_evaluation(cfg, progress=False, overwrite=True, on_batch=eval_progress(name, cfg.dataset.path))
 
 
@@ -380,8 +396,9 @@ def train_run(s: Settings, sft_dir: Path, name: str, seed: int, overrides: dict[
             "rollout.dialect": s.dialect,
             "seed": seed, "algorithm.shuffle_rewards": "false", "logging.run_name": name, **s.native_recipe,
             **(overrides or {})}
-    if adapter:
-        sets["model.adapter"] = adapter
+    # the real model carries its SFT as an adapter; the tiny model's SFT is a whole model directory whose word-level
+    # tokenizer has no chat template, so a config that names an adapter (the wiki task's) must not apply one
+    sets.update({"model.adapter": adapter} if adapter else {"model.adapter": "", "prompt.chat_template": "false"})
     if s.dialect == "native":
         from ..training.config import load_config
 

@@ -390,8 +390,6 @@ def run(s: WikiSettings) -> dict[str, Any]:
     # of final/ in step 7 (the same greedy rollouts on the same questions: validating them twice costs minutes)
     overrides = {"logging.validation_file": s.validation_file, "logging.validation_at_start": "false",
                  "logging.validation_at_end": "false"}
-    if s.tiny:  # the tiny SFT model is a whole model directory with a word-level tokenizer and no chat template
-        overrides.update({"model.adapter": "", "prompt.chat_template": "false"})
     dirs: dict[tuple[int, bool], Path] = {}
     for seed in s.seeds:
         for control in (False, True):
