@@ -8,7 +8,11 @@ adapter, at a learning rate of your choosing, each evaluated greedily on the hel
 Each run is the quick start's own (``train_run``: the same config, `--set` overrides, its own process) with
 ``algorithm.learning_rate`` set; a finished run or evaluation is skipped (run it again to print the table of finished
 runs). Each run's greedy evaluation is compared with the SFT start's question by question (``vs_sft``: right where
-the start was wrong, the reverse, McNemar's exact p). Prints one JSON line last.
+the start was wrong, the reverse, McNemar's exact p). ``--sampled N`` also evaluates the SFT start and each run with
+N rollouts a question at temperature 1 (``sampled``: the mean EM over samples, and its difference from the SFT's,
+question by question, with a paired 95% interval): greedy EM says which way a model decides, the sampled EM how
+much of its policy has moved, which tells a run that learned from one that drifted across a close decision. Prints
+one JSON line last.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from agentic_rag.demo.quickstart import REAL_MODEL, Settings, evaluate, train_ru
 from agentic_rag.evaluation.paired import paired, predictions
 
 
+def sample_means(folder: Path) -> dict[str, dict]:
+    """Each question's EM averaged over its samples, as records ``paired`` reads."""
+    out = {}
+    for qid, r in predictions(folder).items():
+        ems = [float(x["metrics"]["em"]) for x in (r.get("samples") or [r])]
+        out[qid] = {**r, "metrics": {"em": sum(ems) / len(ems)}}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="a native quick start's output folder (its world, index and SFT)")
@@ -31,6 +44,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="runs training at once on the machine (threads: cores/N)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="another training setting (algorithm.warmup_ratio=0.3), named in the run's name too")
+    ap.add_argument("--sampled", type=int, default=0, metavar="N",
+                    help="also evaluate the SFT start and each run with N rollouts a question at temperature 1")
     args = ap.parse_args()
     s = Settings(out=Path(args.out).resolve(), seeds=args.seeds, dialect="native", workers=args.workers)
     sft_dir = s.out / "sft"
@@ -45,6 +60,14 @@ def main() -> None:
             summary = evaluate(s, name, REAL_MODEL, out / "final")
             rows.append({"run": name, "em": summary["metrics"]["em"], "searches": summary["searches_per_question"],
                          "vs_sft": paired(predictions(s.out / "eval" / name), predictions(s.out / "eval" / "sft"))})
+            if args.sampled > 1:
+                sft_name = f"sft-sampled{args.sampled}"
+                evaluate(s, sft_name, REAL_MODEL, sft_dir, samples=args.sampled)
+                sampled = evaluate(s, f"{name}-sampled{args.sampled}", REAL_MODEL, out / "final", samples=args.sampled)
+                rows[-1]["sampled"] = {
+                    "em": sampled["samples"]["mean_over_samples"]["em"],
+                    "vs_sft": paired(sample_means(s.out / "eval" / f"{name}-sampled{args.sampled}"),
+                                     sample_means(s.out / "eval" / sft_name))}
             print(rows[-1], flush=True)
     sft = json.loads((s.out / "eval" / "sft" / "summary.json").read_text())
     print(json.dumps({"lr": args.lr, "settings": args.sets, "em_sft": sft["metrics"]["em"], "runs": rows}))
