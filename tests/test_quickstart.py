@@ -229,6 +229,10 @@ def test_settings_from_a_quick_starts_directory_are_the_ones_it_was_made_with(tm
     assert elsewhere.out == tmp_path / "other" and elsewhere.sft_learning_rate == 1e-4 and elsewhere.tiny == s.tiny
     with pytest.raises(SystemExit, match="not a finished quick start's output"):
         quickstart.Settings.from_dir(tmp_path / "nothing")
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki" / "settings.json").write_text(json.dumps({"task": "wiki", "tiny": True}))
+    with pytest.raises(SystemExit, match="of the wiki task, not of the world task"):
+        quickstart.Settings.from_dir(tmp_path / "wiki")
 
 
 def test_a_directory_made_before_random_sft_batches_is_refused(tmp_path):

@@ -123,6 +123,8 @@ class Settings:
             saved = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise SystemExit(f"{made} is not a finished quick start's output: {path} is unreadable ({e})") from None
+        if saved.get("task", "world") != "world":  # the wiki task's settings are WikiSettings' (demo/wiki.py)
+            raise SystemExit(f"{made} is a quick start of the {saved['task']} task, not of the world task")
         known = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {"out": Path(made), "seeds": [0], **{k: v for k, v in saved.items() if k in known}}
         return cls(**{**kw, **overrides})
