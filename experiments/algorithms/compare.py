@@ -60,9 +60,8 @@ def slug(algorithm: str) -> str:
 
 
 def settings_of(quickstart: Path, seeds: list[int], allow_tiny: bool = False) -> qs.Settings:
-    """The quick start's settings of that directory (its world seed; the rest are the defaults it checks). A
-    ``--tiny`` quick start only with ``allow_tiny`` (a smoke run of this script), with its SFT epochs and GRPO
-    steps as it was made."""
+    """The settings that directory's quick start was made with (its settings.json), checked against it. A
+    ``--tiny`` quick start only with ``allow_tiny`` (a smoke run of this script)."""
     s = qs.Settings.from_dir(quickstart, seeds=seeds, workers=1)
     if s.tiny and not allow_tiny:
         raise SystemExit(f"{quickstart} is a --tiny quick start: the comparison is on the real model")

@@ -47,8 +47,14 @@ def main() -> None:
     ap.add_argument("--sampled", type=int, default=0, metavar="N",
                     help="also evaluate the SFT start and each run with N rollouts a question at temperature 1")
     args = ap.parse_args()
+    if args.sampled == 1:
+        ap.error("--sampled N: N rollouts a question, 2 or more (the greedy evaluation is the one-rollout one)")
     s = Settings(out=Path(args.out).resolve(), seeds=args.seeds, dialect="native", workers=args.workers)
     sft_dir = s.out / "sft"
+    if args.sampled:  # the SFT start's sampled evaluation, once: every run is paired with it
+        sft_sampled = f"sft-sampled{args.sampled}"
+        evaluate(s, sft_sampled, REAL_MODEL, sft_dir, samples=args.sampled)
+        sft_means = sample_means(s.out / "eval" / sft_sampled)
     rows = []
     for seed in args.seeds:
         for control in [True] if args.only_control else [False, True] if args.control else [False]:
@@ -60,14 +66,11 @@ def main() -> None:
             summary = evaluate(s, name, REAL_MODEL, out / "final")
             rows.append({"run": name, "em": summary["metrics"]["em"], "searches": summary["searches_per_question"],
                          "vs_sft": paired(predictions(s.out / "eval" / name), predictions(s.out / "eval" / "sft"))})
-            if args.sampled > 1:
-                sft_name = f"sft-sampled{args.sampled}"
-                evaluate(s, sft_name, REAL_MODEL, sft_dir, samples=args.sampled)
+            if args.sampled:
                 sampled = evaluate(s, f"{name}-sampled{args.sampled}", REAL_MODEL, out / "final", samples=args.sampled)
                 rows[-1]["sampled"] = {
                     "em": sampled["samples"]["mean_over_samples"]["em"],
-                    "vs_sft": paired(sample_means(s.out / "eval" / f"{name}-sampled{args.sampled}"),
-                                     sample_means(s.out / "eval" / sft_name))}
+                    "vs_sft": paired(sample_means(s.out / "eval" / f"{name}-sampled{args.sampled}"), sft_means)}
             print(rows[-1], flush=True)
     sft = json.loads((s.out / "eval" / "sft" / "summary.json").read_text())
     print(json.dumps({"lr": args.lr, "settings": args.sets, "em_sft": sft["metrics"]["em"], "runs": rows}))
