@@ -1,18 +1,24 @@
-"""GRPO runs of the world quick start in the native tool-call format from an existing native quick start's SFT
-adapter, at a learning rate of your choosing, each evaluated greedily on the held-out questions (issue 57, item 4).
+"""GRPO runs of the world quick start in the native tool-call format from an existing native quick start's SFT adapter
+(its recipe, or a learning rate of your choosing), each evaluated greedily on the held-out questions (issue 57, item
+4).
 
     python -m agentic_rag.demo.quickstart --dialect native --out /work/runs/qs_native --seeds 1   # world, SFT, ...
     python experiments/quickstart/native_runs.py --out /work/runs/qs_native --lr 1e-4 --seeds 0 [--control] \\
         [--set algorithm.warmup_ratio=0.3]
+    python experiments/quickstart/native_runs.py --out /work/runs/qs_native --seeds 0 1 2 --control --sampled 4
 
-Each run is the quick start's own (``train_run``: the same config, `--set` overrides, its own process) with
-``algorithm.learning_rate`` set; a finished run or evaluation is skipped (run it again to print the table of finished
-runs). Each run's greedy evaluation is compared with the SFT start's question by question (``vs_sft``: right where
-the start was wrong, the reverse, McNemar's exact p). ``--sampled N`` also evaluates the SFT start and each run with
-N rollouts a question at temperature 1 (``sampled``: the mean EM over samples, and its difference from the SFT's,
-question by question, with a paired 95% interval): greedy EM says which way a model decides, the sampled EM how
-much of its policy has moved, which tells a run that learned from one that drifted across a close decision. Prints
-one JSON line last.
+With neither ``--lr`` nor ``--set`` the runs are the quick start's own (``seedN-grpo``, ``seedN-control``: its
+recipe, ``Settings.native_recipe``), trained only where the quick start has not, so ``--sampled`` adds the sampled
+view to a quick start's table.
+
+Each run is the quick start's own (``train_run``: the same config, `--set` overrides, its own process), with
+``algorithm.learning_rate`` set where ``--lr`` is given; a finished run or evaluation is skipped (run it again to
+print the table of finished runs). Each run's greedy evaluation is compared with the SFT start's question by
+question (``vs_sft``: right where the start was wrong, the reverse, McNemar's exact p). ``--sampled N`` also
+evaluates the SFT start and each run with N rollouts a question at temperature 1 (``sampled``: the mean EM over
+samples, and its difference from the SFT's, question by question, with a paired 95% interval): greedy EM says which
+way a model decides, the sampled EM how much of its policy has moved, which tells a run that learned from one that
+drifted across a close decision. Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ def sample_means(folder: Path) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="a native quick start's output folder (its world, index and SFT)")
-    ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="the learning rate (default: the quick start's native recipe, and its runs' names)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--control", action="store_true", help="also the shuffled-reward control of each seed")
     ap.add_argument("--only-control", action="store_true", help="the controls alone (another process runs the GRPO)")
@@ -49,7 +56,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.sampled == 1:
         ap.error("--sampled N: N rollouts a question, 2 or more (the greedy evaluation is the one-rollout one)")
-    s = Settings(out=Path(args.out).resolve(), seeds=args.seeds, dialect="native", workers=args.workers)
+    s = Settings.from_dir(Path(args.out).resolve(), seeds=args.seeds, workers=args.workers)
+    if s.dialect != "native":
+        ap.error(f"{args.out} is a quick start in the {s.dialect} dialect; native_runs.py trains the native format")
     sft_dir = s.out / "sft"
     if args.sampled:  # the SFT start's sampled evaluation, once: every run is paired with it
         sft_sampled = f"sft-sampled{args.sampled}"
@@ -60,9 +69,12 @@ def main() -> None:
         for control in [True] if args.only_control else [False, True] if args.control else [False]:
             extra = dict(kv.split("=", 1) for kv in args.sets)
             suffix = "".join(f"-{k.rsplit('.', 1)[-1]}{v}" for k, v in extra.items())
-            name = f"seed{seed}-{'control' if control else 'grpo'}-lr{args.lr:g}{suffix}"
-            out = train_run(s, sft_dir, name, seed, {"algorithm.learning_rate": args.lr,
-                                                      "algorithm.shuffle_rewards": str(control).lower(), **extra})
+            name = f"seed{seed}-{'control' if control else 'grpo'}"
+            if args.lr is not None:
+                extra["algorithm.learning_rate"] = args.lr
+                name += f"-lr{args.lr:g}"
+            name += suffix
+            out = train_run(s, sft_dir, name, seed, {"algorithm.shuffle_rewards": str(control).lower(), **extra})
             summary = evaluate(s, name, REAL_MODEL, out / "final")
             rows.append({"run": name, "em": summary["metrics"]["em"], "searches": summary["searches_per_question"],
                          "vs_sft": paired(predictions(s.out / "eval" / name), predictions(s.out / "eval" / "sft"))})
