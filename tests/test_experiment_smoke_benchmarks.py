@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentic_rag.data.wiki import shared_data_dir
-from conftest import ROOT, shared
+from conftest import ROOT
 
 BENCH = ROOT / "experiments" / "benchmarks"
 
@@ -37,9 +37,9 @@ def run(script: str, args: list[str], timeout: int = 600, env: dict[str, str] | 
 
 
 @pytest.fixture(scope="module")
-def questions20(tmp_path_factory) -> Path:
+def questions20(tmp_path_factory, dev_questions: Path) -> Path:
     """The first 20 2Wiki dev questions, as the dev file holds them."""
-    rows = json.loads(shared("tts-project/2wikimultihopqa_dev500.json").read_text())[:20]
+    rows = json.loads(dev_questions.read_text())[:20]
     path = tmp_path_factory.mktemp("questions") / "dev20.json"
     path.write_text(json.dumps(rows))
     return path
