@@ -242,6 +242,25 @@ def test_environment_overrides_and_set(good, tmp_path, world_dir):
         load_config(bad)
 
 
+def test_a_key_written_twice_is_refused_with_its_lines(good, tmp_path):
+    """PyYAML keeps the last of two equal keys silently: a second ``rollout:`` section would drop the first's
+    settings. The loader refuses it, naming the key and both lines (here a second ``model:``); a key that a merge
+    (``<<``) brings in may still be overridden, and every shipped config reads."""
+    from agentic_rag.demo.quickstart import CONFIGS
+    from agentic_rag.settings import read_yaml
+
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(good, sort_keys=False) + "model:\n  dtype: float32\n")
+    with pytest.raises(ConfigError, match=r"'model' is written twice .*first on line \d+") as err:
+        load_config(path, check_files=False)
+    assert f'"{path}", line {len(path.read_text().splitlines()) - 1}' in str(err.value)
+    merged = tmp_path / "merge.yaml"
+    merged.write_text("base: &b {max_turns: 3, max_searches: 2}\nrollout:\n  <<: *b\n  max_turns: 4\n")
+    assert read_yaml(merged)["rollout"] == {"max_turns": 4, "max_searches": 2}
+    for shipped in sorted(CONFIGS.glob("*.yaml")):
+        assert read_yaml(shipped)["model"]["name_or_path"], shipped
+
+
 def test_train_check_reports_before_loading_anything(good, tmp_path, capsys):
     from agentic_rag.cli import main
 

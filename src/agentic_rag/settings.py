@@ -368,6 +368,25 @@ def get_dotted(tree: Mapping[str, Any], dotted: str, default: Any = None) -> Any
     return node
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key written twice in one mapping: PyYAML keeps the last silently, so a
+    second ``rollout:`` section would drop the first one's settings without a word. A key a merge (``<<``)
+    brings in may still be overridden, as YAML allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key_node.value!r} is written twice in one mapping (first on line "
+                    f"{seen[key] + 1}): YAML would keep only the last", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """A YAML config file as a mapping, or :class:`SettingsError` naming the file."""
     path = Path(path)
@@ -376,7 +395,8 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise SettingsError([f"no such config file: {path}"], str(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        with path.open(encoding="utf-8") as stream:  # (a stream: a YAML error then names the file and line)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SettingsError([f"not valid YAML: {exc}"], str(path)) from None
     if not isinstance(data, dict):
