@@ -603,7 +603,7 @@ def build_parser() -> Parser:
     wiki_only.add_argument("--fast", action="store_true",
                            help="the short recipe (128-token observations, exact-match reward, 4 GRPO steps: 72 min "
                                 "on 2 cores) instead of the best measured one (256-token observations, token-F1 "
-                                "reward, 16 steps: about 2 h 45 min on 2 cores); the tiny model always runs the short "
+                                "reward, 16 steps: 1 h 48 min on 2 cores); the tiny model always runs the short "
                                 "one")
     wiki_only.add_argument("--questions", type=positive_int, default=None,
                            help="the first N training and validation questions only (a smoke run)")

@@ -60,10 +60,10 @@ from .report import _mean, dashboard, plot, reward_curve, row, training_curves
 
 WIKI_CONFIG = CONFIGS / "wiki_grpo_smollm2.yaml"  # --fast: 128-token observations, EM, 4 steps (72 min on 2 cores)
 WIKI_BEST_CONFIG = CONFIGS / "wiki_grpo_smollm2_best.yaml"  # the default: the best measured recipe
-# what the default costs, said before it starts: its steps as recorded (experiments/wiki/README.md), the rest as the
-# --fast run's; not yet timed end to end from a fresh clone
-WIKI_CLOCK = {False: "about 2 h 45 min on 2 CPU cores (two 16-step runs of about 49 min, 256-token SFT data, "
-                     "validation every 4 steps); a 16-step run took about 4 min on an H200. --fast: 72 min on 2 cores",
+# what each recipe costs, said before it starts: both timed from a fresh clone with /usr/bin/time -v
+# (experiments/wiki/README.md)
+WIKI_CLOCK = {False: "1 h 48 min on 2 CPU cores (a Xeon with AMX), from a fresh clone (2026-12-07; a 16-step run "
+                     "took about 4 min on an H200). --fast: 72 min on 2 cores",
               True: "72 min on 2 CPU cores, from a fresh clone (2026-11-27)"}
 KIND_ORDER = ("yes_no", "pick_one", "multi_hop")
 TYPE_ORDER = ("comparison", "bridge_comparison", "compositional", "inference")
