@@ -211,6 +211,35 @@ def test_two_hop_correct_flag_reaches_the_settings_and_is_checked(tmp_path, caps
     assert "two_hop_correct" in str(other.value.code) and not (out / "world").exists()
 
 
+def test_the_native_format_defaults_to_its_own_sft_mix_and_16_grpo_steps(tmp_path, monkeypatch):
+    """``--dialect native`` starts from the 0.15 SFT mix and trains 16 GRPO steps (the recipe whose 3 seeds each beat
+    SFT with no control gaining); the tag dialect and the tiny model keep 0.25 and the config's steps; ``--steps`` and
+    ``--two-hop-correct`` still override them. The steps are read off the training command the run would start."""
+    from agentic_rag.demo import quickstart
+
+    native = quickstart.Settings(out=tmp_path / "n", seeds=[0], dialect="native")
+    tags = quickstart.Settings(out=tmp_path / "t", seeds=[0])
+    assert (native.two_hop_correct, tags.two_hop_correct) == (0.15, 0.25)
+    assert quickstart.Settings.for_tiny(out=tmp_path / "x", seeds=[0]).two_hop_correct == 0.25
+    assert quickstart.Settings(out=tmp_path / "o", seeds=[0], dialect="native", two_hop_correct=0.3).two_hop_correct \
+        == 0.3
+
+    commands: list[list[str]] = []
+
+    def fake_run(cmd, env, log, name):  # the training process, not started: its command is what is checked
+        commands.append(cmd)
+        Path(log).write_text("not run\n")
+        return 1
+
+    monkeypatch.setattr(quickstart, "run_logged", fake_run)
+    monkeypatch.setattr(quickstart, "models_of", lambda s, sft_dir: ("base", "adapter"))
+    for s in (native, tags, dataclasses.replace(native, grpo_steps=5)):
+        with pytest.raises(RuntimeError, match="failed"):
+            quickstart.grpo(s, tmp_path / "sft", 0, control=False)
+    steps = [[a for a in cmd if a.startswith("algorithm.max_steps=")] for cmd in commands]
+    assert steps == [["algorithm.max_steps=16"], [], ["algorithm.max_steps=5"]]
+
+
 @pytest.mark.parametrize("make", ["tiny", "native"])
 def test_settings_from_a_quick_starts_directory_are_the_ones_it_was_made_with(tmp_path, make):
     """Scripts that train more from a quick start rebuild its settings from its settings.json (``from_dir``): the
