@@ -108,8 +108,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.two_hop_correct is None:
-            native = self.dialect == "native" and not self.tiny
-            self.two_hop_correct = TWO_HOP_CORRECT["native" if native else "agentic"]
+            self.two_hop_correct = TWO_HOP_CORRECT["native" if self.native_real_model else "agentic"]
         if self.sft_batches not in SFT_BATCHES:
             raise ValueError(f"sft_batches must be one of {SFT_BATCHES}, got {self.sft_batches!r}")
 
@@ -148,7 +147,12 @@ class Settings:
         (experiments/quickstart/README.md, "Native format"). 4 questions x 8 rollouts did not help. From that SFT
         start a shuffled-reward control also drifted to two searches; from the 0.15 mix (TWO_HOP_CORRECT) no control
         did, and 16 steps, against the config's 10, let the third GRPO seed learn too."""
-        return NATIVE_GRPO if self.dialect == "native" and not self.tiny else {}
+        return NATIVE_GRPO if self.native_real_model else {}
+
+    @property
+    def native_real_model(self) -> bool:
+        """The native format's own recipe applies (the tiny model has no chat template, so never native)."""
+        return self.dialect == "native" and not self.tiny
 
     @property
     def train_file(self) -> Path:
